@@ -1,0 +1,152 @@
+// PrefixIndex: which workers hold which blocks of a prompt's block chain (architecture section 5).
+//
+// Every (block hash, worker) pair the router knows about is one 24-byte entry; the entries of one block form
+// a short list reached through an open-addressing table, and the entries of one worker form that worker's
+// LRU list. match() answers, per worker, how many leading blocks of a chain it holds (and how many of those
+// sit on its CPU tier); it stops at the first block that no worker continues.
+//
+// Two ways to fill it:
+//  * approximate mode: record() says "this worker is about to hold this chain"; the chain is touched with its
+//    first block most recent (engines evict a finished request's tail first) and the worker's least recently
+//    used entries beyond its capacity are evicted, modelling the engine's own LRU;
+//  * precise mode: store() / remove() / clear_worker() apply the worker's own KV events; nothing is evicted
+//    by capacity since the worker reports its evictions itself.
+//
+//   PrefixIndex index;
+//   index.set_capacity(w, 3'400'000 / 16);
+//   index.record(w, chain.hashes);
+//   PrefixIndex::Match m;
+//   index.match(chain.hashes, m);   // m.blocks[w] == chain.hashes.size()
+//
+// Thread safety: all methods may be called concurrently; match() and the read accessors share a lock, writers
+// take it exclusively.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <span>
+#include <vector>
+
+#include "hashing/block_chain.h"
+
+namespace kvroute::hashing {
+
+using WorkerId = std::uint16_t;
+
+enum class Tier : std::uint8_t { kGpu = 0, kCpu = 1, kPredicted = 2 };
+
+class PrefixIndex {
+ public:
+  // Per-worker result of match(), indexed by WorkerId (dense; workers never seen have 0).
+  struct Match {
+    std::vector<std::uint32_t> blocks;      // leading blocks of the chain the worker holds
+    std::vector<std::uint32_t> cpu_blocks;  // of those, blocks held on the CPU tier
+    std::uint32_t longest = 0;              // max over blocks
+    std::uint32_t of(WorkerId w) const { return w < blocks.size() ? blocks[w] : 0; }
+    std::uint32_t cpu_of(WorkerId w) const { return w < cpu_blocks.size() ? cpu_blocks[w] : 0; }
+  };
+
+  PrefixIndex();
+  PrefixIndex(const PrefixIndex&) = delete;
+  PrefixIndex& operator=(const PrefixIndex&) = delete;
+
+  // Capacity in blocks used by record(); 0 means unlimited.
+  void set_capacity(WorkerId worker, std::uint64_t blocks);
+  std::uint64_t capacity(WorkerId worker) const;
+
+  // Approximate mode: the worker now holds `chain` (tier kPredicted unless told). Returns blocks evicted.
+  std::size_t record(WorkerId worker, std::span<const BlockHash> chain, Tier tier = Tier::kPredicted);
+
+  // Precise mode: apply a worker's own events. store() inserts or moves blocks to `tier` and marks them
+  // most recently used, in the order given.
+  void store(WorkerId worker, std::span<const BlockHash> blocks, Tier tier);
+  // Removes the listed blocks of this worker; unknown blocks are ignored. Returns how many were removed.
+  std::size_t remove(WorkerId worker, std::span<const BlockHash> blocks);
+  // Drops every entry of the worker (publisher restart, AllBlocksCleared, worker removed).
+  void clear_worker(WorkerId worker);
+
+  void match(std::span<const BlockHash> chain, Match& out) const;
+
+  std::size_t worker_blocks(WorkerId worker) const;
+  // Blocks of this worker that have been hit again since they were stored (used to price evictions).
+  std::size_t worker_reused_blocks(WorkerId worker) const;
+  // The worker's block hashes, most recently used first (debugging and tests).
+  std::vector<BlockHash> worker_hashes(WorkerId worker) const;
+  bool holds(WorkerId worker, BlockHash block) const;
+
+  std::size_t entries() const;
+  std::size_t distinct_blocks() const;
+  // Bytes held by the entry pool and the block table (capacity, not just size).
+  std::size_t memory_bytes() const;
+
+ private:
+  static constexpr std::uint32_t kNil = 0xffffffffu;
+
+  struct Entry {
+    BlockHash hash;
+    std::uint32_t next_in_block;  // next entry of the same block (another worker), or kNil
+    std::uint32_t lru_prev;       // towards the most recently used end
+    std::uint32_t lru_next;       // towards the least recently used end
+    WorkerId worker;
+    Tier tier;
+    std::uint8_t hits;  // saturating count of touches after the first
+  };
+  static_assert(sizeof(Entry) == 24);
+
+  struct WorkerLru {
+    std::uint32_t head = kNil;  // most recently used
+    std::uint32_t tail = kNil;  // least recently used
+    std::uint64_t count = 0;
+    std::uint64_t reused = 0;
+    std::uint64_t capacity = 0;
+  };
+
+  // --- block table (callers hold mu_) ---
+  std::size_t slot_of(BlockHash h) const;
+  std::uint32_t* find_head(BlockHash h);
+  const std::uint32_t* find_head(BlockHash h) const;
+  std::uint32_t& insert_head(BlockHash h);  // existing or new slot (kNil head when new)
+  void erase_slot(BlockHash h);
+  void grow_table();
+
+  // --- entries ---
+  WorkerLru& lru(WorkerId w);
+  std::uint32_t find_entry(WorkerId w, BlockHash h) const;
+  std::uint32_t alloc_entry();
+  void lru_unlink(WorkerLru& l, std::uint32_t e);
+  void lru_push_front(WorkerLru& l, std::uint32_t e);
+  // Inserts or touches (worker, h); returns the entry.
+  std::uint32_t touch(WorkerId w, BlockHash h, Tier tier);
+  void erase_entry(std::uint32_t e);
+
+  // Entries live in fixed-size chunks so the pool grows without copying and with little slack.
+  class EntryPool {
+   public:
+    static constexpr int kChunkBits = 12;
+    Entry& operator[](std::uint32_t e) { return chunks_[e >> kChunkBits][e & ((1u << kChunkBits) - 1)]; }
+    const Entry& operator[](std::uint32_t e) const {
+      return chunks_[e >> kChunkBits][e & ((1u << kChunkBits) - 1)];
+    }
+    std::uint32_t size() const { return size_; }
+    std::uint32_t push_back();
+    std::size_t memory_bytes() const;
+
+   private:
+    std::vector<std::unique_ptr<Entry[]>> chunks_;
+    std::uint32_t size_ = 0;
+  };
+
+  mutable std::shared_mutex mu_;
+  EntryPool entries_;                           // guarded by mu_
+  std::uint32_t free_head_ = kNil;              // free list through next_in_block; guarded by mu_
+  std::size_t live_entries_ = 0;                // guarded by mu_
+  std::vector<BlockHash> keys_;                 // block table keys; guarded by mu_
+  std::vector<std::uint32_t> heads_;            // block table values (kNil = empty slot); guarded by mu_
+  std::size_t used_slots_ = 0;                  // guarded by mu_
+  int table_bits_ = 0;                          // guarded by mu_
+  std::vector<WorkerLru> workers_;              // guarded by mu_
+};
+
+}  // namespace kvroute::hashing

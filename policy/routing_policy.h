@@ -1,0 +1,118 @@
+// RoutingPolicy: picks the worker for one request from a RoutingContext (architecture sections 2 and 6).
+//
+// Contract: pick() is a pure function of the context: it never mutates the policy, the index or the
+// registry, so any number of threads may call it at once and the benchmark can replay it deterministically.
+// Everything that changes with traffic (in-flight counts, matches, the request's sequence number and random
+// draw) arrives in the context. A policy copes with missing context: a worker without reported metrics has
+// zeros, and a policy that needs a prefix match sees all-zero matches when the index is empty.
+//
+//   auto policy = make_policy("kv_cost", PolicyOptions{});
+//   std::optional<Pick> p = (*policy)->pick(ctx);   // nullopt only when no worker is healthy
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hashing/block_chain.h"
+#include "hashing/prefix_index.h"
+#include "util/result.h"
+
+namespace kvroute::policy {
+
+using hashing::WorkerId;
+
+// What the router knows about one worker at decision time (a snapshot; reported fields may be stale).
+struct WorkerView {
+  WorkerId id = 0;
+  bool healthy = true;
+  // Router-tracked load.
+  std::uint32_t in_flight = 0;                // requests sent and not finished
+  std::uint64_t pending_prefill_tokens = 0;   // uncached prompt tokens sent and not yet past first token
+  std::uint64_t active_decode_tokens = 0;     // context tokens of requests in decode
+  // Reported by the worker (metrics), 0 when unknown.
+  std::uint32_t running = 0;
+  std::uint32_t waiting = 0;
+  double kv_usage = 0.0;                      // fraction of KV blocks in use, 0..1
+  std::uint64_t capacity_blocks = 0;          // KV capacity in blocks of block_tokens (0 = unknown)
+  std::uint64_t reused_blocks = 0;            // blocks in the index that were hit again (eviction pricing)
+  // Performance profile, learned online or from configuration.
+  double prefill_tokens_per_s = 10000.0;      // P_w
+  double transfer_tokens_per_s = 100000.0;    // X_w (CPU tier -> GPU)
+  double decode_step_s = 0.02;                // time of one decode step at the current batch
+  std::uint32_t max_running = 256;            // running-sequence cap (batch size)
+};
+
+struct RoutingContext {
+  const hashing::BlockChain* chain = nullptr;  // may be null (no routable prompt)
+  double tokens_per_block = 16.0;              // tokens one chain block stands for
+  std::uint64_t prompt_tokens = 0;             // estimated prompt length
+  std::uint32_t max_tokens = 0;                // requested output length, 0 if unknown
+  std::span<const WorkerView> workers;         // candidate workers (index i below refers to this span)
+  const hashing::PrefixIndex::Match* match = nullptr;  // indexed by WorkerView::id; may be null
+  std::optional<std::size_t> preferred;        // session-bound worker, index into workers
+  std::string_view affinity_key;               // text some baselines hash (first user message, model)
+  std::uint64_t sequence = 0;                  // request number, for round robin
+  std::uint64_t random = 0;                    // a uniform random draw for this request
+
+  std::uint32_t matched_blocks(std::size_t i) const { return match ? match->of(workers[i].id) : 0; }
+  std::uint32_t matched_cpu_blocks(std::size_t i) const { return match ? match->cpu_of(workers[i].id) : 0; }
+  std::uint64_t matched_tokens(std::size_t i) const;
+};
+
+enum class Reason : std::uint8_t { kPrefixHit, kSession, kLoadFallback, kCold, kOnlyChoice };
+std::string_view reason_name(Reason r);
+
+struct Pick {
+  std::size_t worker = 0;                      // index into RoutingContext::workers
+  Reason reason = Reason::kCold;
+  std::uint64_t predicted_cached_tokens = 0;
+  double estimate_s = 0.0;                     // predicted TTFT, when the policy models it (else 0)
+};
+
+class RoutingPolicy {
+ public:
+  virtual ~RoutingPolicy() = default;
+  virtual std::string_view name() const = 0;
+  // The chosen worker among the healthy ones, or nullopt when none is healthy.
+  virtual std::optional<Pick> pick(const RoutingContext& ctx) const = 0;
+  // Predicted TTFT of sending the request to workers[i]; NaN when the policy has no latency model. Session
+  // affinity uses it to decide whether a bound worker is still good enough.
+  virtual double estimate(const RoutingContext& ctx, std::size_t i) const;
+  // Whether the policy reads prefix matches (the router skips matching for prefix-blind policies).
+  virtual bool uses_prefix_match() const { return false; }
+};
+
+struct PolicyOptions {
+  // kv_cost weights (architecture section 7).
+  double alpha = 1.0;   // weight of the expected recompute cost of blocks a request would evict
+  double beta = 0.5;    // weight of the delay added to the worker's running requests
+  // Session affinity: keep a bound worker unless its estimate exceeds the best by more than this.
+  double session_margin_s = 0.5;
+  // cache_aware (SGLang router defaults).
+  double cache_threshold = 0.3;
+  double balance_abs_threshold = 64;
+  double balance_rel_threshold = 1.5;
+  // chwbl (KubeAI PrefixHash defaults).
+  int chwbl_replicas = 256;
+  double chwbl_load_factor = 1.25;
+  std::size_t chwbl_prefix_chars = 100;
+};
+
+// All policy names, in the order the benchmark reports them.
+const std::vector<std::string>& policy_names();
+// A policy by name, wrapped in session affinity; an error lists the valid names.
+Result<std::unique_ptr<RoutingPolicy>> make_policy(std::string_view name, const PolicyOptions& options);
+
+// Helpers shared by policies.
+namespace detail {
+// Index of the healthy worker with the fewest in-flight requests (ties: lowest index); nullopt if none.
+std::optional<std::size_t> least_loaded(const RoutingContext& ctx);
+std::size_t healthy_count(const RoutingContext& ctx);
+}  // namespace detail
+
+}  // namespace kvroute::policy
