@@ -168,8 +168,8 @@ void PrefixIndex::erase_entry(std::uint32_t e) {
   if (en.hits > 0) --l.reused;
   std::uint32_t* head = find_head(en.hash);
   if (*head == e) {
-    *head = en.next_in_block;
-    if (*head == kNil) erase_slot(en.hash);
+    // The last entry of a block frees its slot; erase_slot needs the slot still occupied to find it.
+    if (en.next_in_block == kNil) erase_slot(en.hash); else *head = en.next_in_block;
   } else {
     std::uint32_t p = *head;
     while (entries_[p].next_in_block != e) p = entries_[p].next_in_block;

@@ -1,0 +1,155 @@
+#include "hashing/prefix_index.h"
+
+#include <numeric>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace kvroute::hashing {
+namespace {
+
+std::vector<BlockHash> chain(std::uint64_t base, std::size_t n) {
+  std::vector<BlockHash> c(n);
+  for (std::size_t i = 0; i < n; ++i) c[i] = base * 1000003 + i;
+  return c;
+}
+
+TEST(PrefixIndex, MatchCountsLeadingBlocksPerWorker) {
+  PrefixIndex idx;
+  const auto a = chain(1, 10);
+  idx.record(0, std::span(a).first(10));
+  idx.record(1, std::span(a).first(4));
+  idx.record(2, std::span(a).subspan(2, 8));  // holds later blocks but not the first: no match
+  PrefixIndex::Match m;
+  idx.match(a, m);
+  EXPECT_EQ(m.of(0), 10u);
+  EXPECT_EQ(m.of(1), 4u);
+  EXPECT_EQ(m.of(2), 0u);
+  EXPECT_EQ(m.of(7), 0u);  // never seen
+  EXPECT_EQ(m.longest, 10u);
+}
+
+TEST(PrefixIndex, MatchStopsAtFirstGap) {
+  PrefixIndex idx;
+  auto a = chain(1, 6);
+  idx.record(0, a);
+  std::vector<BlockHash> hole = {a[0], a[1], a[3]};
+  idx.remove(0, std::vector<BlockHash>{a[2]});
+  PrefixIndex::Match m;
+  idx.match(a, m);
+  EXPECT_EQ(m.of(0), 2u);
+}
+
+TEST(PrefixIndex, EvictsLeastRecentlyUsedBeyondCapacityTailFirst) {
+  PrefixIndex idx;
+  idx.set_capacity(0, 10);
+  const auto a = chain(1, 6), b = chain(2, 6);
+  idx.record(0, a);
+  EXPECT_EQ(idx.record(0, b), 2u);  // 12 blocks in a 10-block worker
+  PrefixIndex::Match m;
+  idx.match(a, m);
+  EXPECT_EQ(m.of(0), 4u);  // a lost its tail, kept its beginning
+  idx.match(b, m);
+  EXPECT_EQ(m.of(0), 6u);
+  EXPECT_EQ(idx.worker_blocks(0), 10u);
+}
+
+TEST(PrefixIndex, TouchRefreshesRecency) {
+  PrefixIndex idx;
+  idx.set_capacity(0, 8);
+  const auto a = chain(1, 4), b = chain(2, 4), c = chain(3, 4);
+  idx.record(0, a);
+  idx.record(0, b);
+  idx.record(0, a);  // a is now more recent than b
+  idx.record(0, c);  // evicts b
+  PrefixIndex::Match m;
+  idx.match(a, m);
+  EXPECT_EQ(m.of(0), 4u);
+  idx.match(b, m);
+  EXPECT_EQ(m.of(0), 0u);
+  EXPECT_EQ(idx.worker_reused_blocks(0), 4u);
+}
+
+TEST(PrefixIndex, PreciseStoreRemoveClearAndTiers) {
+  PrefixIndex idx;
+  const auto a = chain(1, 5);
+  idx.store(3, std::span(a).first(3), Tier::kGpu);
+  idx.store(3, std::span(a).subspan(3), Tier::kCpu);
+  PrefixIndex::Match m;
+  idx.match(a, m);
+  EXPECT_EQ(m.of(3), 5u);
+  EXPECT_EQ(m.cpu_of(3), 2u);
+  EXPECT_EQ(idx.remove(3, std::vector<BlockHash>{a[4], 424242}), 1u);
+  idx.match(a, m);
+  EXPECT_EQ(m.of(3), 4u);
+  idx.clear_worker(3);
+  idx.match(a, m);
+  EXPECT_EQ(m.of(3), 0u);
+  EXPECT_EQ(idx.entries(), 0u);
+  EXPECT_EQ(idx.distinct_blocks(), 0u);
+}
+
+TEST(PrefixIndex, DroppingAWorkerLeavesOthersIntact) {
+  PrefixIndex idx;
+  const auto a = chain(1, 8);
+  for (WorkerId w = 0; w < 4; ++w) idx.record(w, a);
+  idx.clear_worker(2);
+  PrefixIndex::Match m;
+  idx.match(a, m);
+  EXPECT_EQ(m.of(0), 8u);
+  EXPECT_EQ(m.of(1), 8u);
+  EXPECT_EQ(m.of(2), 0u);
+  EXPECT_EQ(m.of(3), 8u);
+  EXPECT_EQ(idx.entries(), 24u);
+  EXPECT_EQ(idx.worker_hashes(2).size(), 0u);
+}
+
+TEST(PrefixIndex, RandomizedAgainstReferenceModel) {
+  // The table's backward-shift deletion and the entry lists are checked against std::set over many ops.
+  PrefixIndex idx;
+  std::vector<std::set<BlockHash>> truth(5);
+  std::mt19937_64 rng(7);
+  for (int op = 0; op < 20000; ++op) {
+    const WorkerId w = rng() % 5;
+    std::vector<BlockHash> hs(1 + rng() % 8);
+    for (auto& h : hs) h = rng() % 3000;  // small key space: many collisions, many deletions
+    if (rng() % 3 == 0) {
+      idx.remove(w, hs);
+      for (auto h : hs) truth[w].erase(h);
+    } else {
+      idx.store(w, hs, Tier::kGpu);
+      truth[w].insert(hs.begin(), hs.end());
+    }
+  }
+  std::size_t total = 0;
+  for (WorkerId w = 0; w < 5; ++w) {
+    auto got = idx.worker_hashes(w);
+    EXPECT_EQ(std::set<BlockHash>(got.begin(), got.end()), truth[w]);
+    for (BlockHash h = 0; h < 3000; h += 7) EXPECT_EQ(idx.holds(w, h), truth[w].count(h) == 1);
+    total += truth[w].size();
+  }
+  EXPECT_EQ(idx.entries(), total);
+}
+
+TEST(PrefixIndex, ConcurrentReadersAndWriters) {
+  PrefixIndex idx;
+  idx.set_capacity(0, 5000);
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (std::uint64_t i = 0; i < 2000; ++i) idx.record(i % 4, chain(i % 300, 32));
+    stop = true;
+  });
+  std::thread reader([&] {
+    PrefixIndex::Match m;
+    while (!stop) idx.match(chain(5, 32), m);
+  });
+  writer.join();
+  reader.join();
+  EXPECT_GT(idx.entries(), 0u);
+}
+
+}  // namespace
+}  // namespace kvroute::hashing
