@@ -1,0 +1,167 @@
+#include "backends/upstream.h"
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/write.hpp>
+
+namespace kvroute::backends {
+
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+void async_connect_endpoint(beast::tcp_stream& stream, const WorkerEndpoint& endpoint,
+                            std::function<void(beast::error_code)> handler) {
+  beast::error_code ec;
+  auto addr = asio::ip::make_address(endpoint.host, ec);
+  if (!ec) {
+    tcp::endpoint ep(addr, static_cast<unsigned short>(std::stoul(endpoint.port)));
+    stream.async_connect(ep, [handler = std::move(handler)](beast::error_code e) { handler(e); });
+    return;
+  }
+  auto resolver = std::make_shared<tcp::resolver>(stream.get_executor());
+  resolver->async_resolve(
+      endpoint.host, endpoint.port,
+      [resolver, &stream, handler = std::move(handler)](beast::error_code e, tcp::resolver::results_type r) mutable {
+        if (e) return handler(e);
+        stream.async_connect(r, [handler = std::move(handler)](beast::error_code e2, const tcp::endpoint&) {
+          handler(e2);
+        });
+      });
+}
+
+UpstreamPool::UpstreamPool(asio::any_io_executor ex, Options options) : ex_(std::move(ex)), options_(options) {}
+
+namespace {
+// A pooled connection the peer closed while idle reads as EOF at once; drop those before reuse.
+bool looks_alive(beast::tcp_stream& s) {
+  auto& sock = s.socket();
+  if (!sock.is_open()) return false;
+  beast::error_code ec;
+  sock.non_blocking(true, ec);
+  char byte;
+  sock.receive(asio::buffer(&byte, 1), tcp::socket::message_peek, ec);
+  const bool idle = ec == asio::error::would_block || ec == asio::error::try_again;
+  sock.non_blocking(false, ec);
+  return idle;  // data or EOF on an idle HTTP connection: unusable
+}
+}  // namespace
+
+void UpstreamPool::acquire(const Worker& worker, Handler handler, bool fresh_only) {
+  const WorkerId id = worker.id();
+  if (!fresh_only) {
+    std::unique_lock lock(mu_);
+    auto& idle = idle_[id];
+    const auto now = std::chrono::steady_clock::now();
+    while (!idle.empty()) {
+      Idle conn = std::move(idle.back());
+      idle.pop_back();
+      if (now - conn.since > options_.idle_timeout || !looks_alive(*conn.stream)) continue;
+      lock.unlock();
+      handler({}, Lease{id, std::move(conn.stream), true});
+      return;
+    }
+  }
+  auto stream = std::make_shared<beast::tcp_stream>(ex_);
+  stream->expires_after(options_.connect_timeout);
+  auto* raw = stream.get();
+  async_connect_endpoint(*raw, worker.endpoint(),
+                         [id, stream, handler = std::move(handler)](beast::error_code ec) mutable {
+                           stream->expires_never();
+                           if (ec) stream.reset();
+                           Lease lease{id, std::move(stream), false};
+                           handler(ec, std::move(lease));
+                         });
+}
+
+void UpstreamPool::release(Lease lease, bool reusable) {
+  if (!lease.stream) return;
+  if (!reusable || !lease.stream->socket().is_open()) {
+    beast::error_code ec;
+    lease.stream->socket().shutdown(tcp::socket::shutdown_both, ec);
+    lease.stream->socket().close(ec);
+    return;
+  }
+  lease.stream->expires_never();
+  std::lock_guard lock(mu_);
+  auto& idle = idle_[lease.worker];
+  if (idle.size() >= options_.max_idle_per_worker) return;  // the stream closes as it goes out of scope
+  idle.push_back(Idle{std::move(lease.stream), std::chrono::steady_clock::now()});
+}
+
+void UpstreamPool::drop(WorkerId worker) {
+  std::lock_guard lock(mu_);
+  idle_.erase(worker);
+}
+
+std::size_t UpstreamPool::idle_count(WorkerId worker) const {
+  std::lock_guard lock(mu_);
+  auto it = idle_.find(worker);
+  return it == idle_.end() ? 0 : it->second.size();
+}
+
+namespace {
+
+class GetOp : public std::enable_shared_from_this<GetOp> {
+ public:
+  GetOp(asio::any_io_executor ex, const WorkerEndpoint& ep, std::string target, std::chrono::milliseconds timeout,
+        std::function<void(Result<SimpleResponse>)> handler, std::size_t body_limit)
+      : stream_(ex), endpoint_(ep), timeout_(timeout), handler_(std::move(handler)) {
+    req_.method(http::verb::get);
+    req_.target(target);
+    req_.version(11);
+    req_.set(http::field::host, ep.name);
+    req_.set(http::field::user_agent, "kvroute");
+    req_.set(http::field::connection, "close");
+    parser_.body_limit(body_limit);
+  }
+
+  void start() {
+    stream_.expires_after(timeout_);
+    async_connect_endpoint(stream_, endpoint_, [self = shared_from_this()](beast::error_code ec) {
+      if (ec) return self->finish(ec, "connect");
+      http::async_write(self->stream_, self->req_, [self](beast::error_code ec2, std::size_t) {
+        if (ec2) return self->finish(ec2, "write");
+        http::async_read(self->stream_, self->buffer_, self->parser_, [self](beast::error_code ec3, std::size_t) {
+          if (ec3) return self->finish(ec3, "read");
+          self->finish({}, "");
+        });
+      });
+    });
+  }
+
+ private:
+  void finish(beast::error_code ec, const char* what) {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+    if (ec) {
+      const std::string msg = ec == beast::error::timeout ? "timed out" : ec.message();
+      handler_(make_error(endpoint_.name + ": " + what + ": " + msg, 502, "upstream_error"));
+      return;
+    }
+    auto& res = parser_.get();
+    handler_(SimpleResponse{res.result_int(), std::move(res.body()), std::string(res[http::field::content_type])});
+  }
+
+  beast::tcp_stream stream_;
+  WorkerEndpoint endpoint_;
+  std::chrono::milliseconds timeout_;
+  std::function<void(Result<SimpleResponse>)> handler_;
+  http::request<http::empty_body> req_;
+  beast::flat_buffer buffer_;
+  http::response_parser<http::string_body> parser_;
+};
+
+}  // namespace
+
+void http_get(asio::any_io_executor ex, const WorkerEndpoint& endpoint, std::string target,
+              std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler,
+              std::size_t body_limit) {
+  std::make_shared<GetOp>(std::move(ex), endpoint, std::move(target), timeout, std::move(handler), body_limit)->start();
+}
+
+}  // namespace kvroute::backends

@@ -1,0 +1,90 @@
+// Upstream connections to workers: a keep-alive HTTP/1.1 connection pool, and a one-shot GET for control
+// traffic (health checks, /v1/models, /metrics).
+//
+// The pool hands out connected beast::tcp_streams built on the io_context's executor (not a strand), so any
+// session may reuse any idle connection; callers bind their own strand to the handlers of operations they
+// start on it. A connection goes back to the pool only after a complete response that allows keep-alive.
+//
+//   pool.acquire(*worker, bind_executor(strand, [](beast::error_code ec, UpstreamPool::Lease lease) {...}));
+//   ... write request, read response ...
+//   pool.release(std::move(lease), /*reusable=*/res.keep_alive());
+//
+//   http_get(ex, worker->endpoint(), "/health", 2s, [](Result<SimpleResponse> r) {...});
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+
+#include "backends/worker_registry.h"
+#include "util/result.h"
+
+namespace kvroute::backends {
+
+namespace beast = boost::beast;
+namespace asio = boost::asio;
+
+class UpstreamPool {
+ public:
+  struct Options {
+    std::chrono::milliseconds connect_timeout{2000};
+    std::size_t max_idle_per_worker = 64;
+    std::chrono::seconds idle_timeout{30};
+  };
+
+  struct Lease {
+    WorkerId worker = 0;
+    std::shared_ptr<beast::tcp_stream> stream;
+    bool reused = false;  // came from the idle pool (a stale keep-alive connection may fail once)
+  };
+  using Handler = std::function<void(beast::error_code, Lease)>;
+
+  UpstreamPool(asio::any_io_executor ex, Options options);
+
+  // An idle connection to the worker, or a new one. The handler may run on any thread of the io_context:
+  // callers post to their own strand.
+  void acquire(const Worker& worker, Handler handler, bool fresh_only = false);
+  // Returns a connection after a complete exchange; it is closed unless `reusable`.
+  void release(Lease lease, bool reusable);
+  // Closes every idle connection of a worker (worker removed or declared unhealthy).
+  void drop(WorkerId worker);
+
+  std::size_t idle_count(WorkerId worker) const;
+
+ private:
+  struct Idle {
+    std::shared_ptr<beast::tcp_stream> stream;
+    std::chrono::steady_clock::time_point since;
+  };
+
+  asio::any_io_executor ex_;
+  Options options_;
+  mutable std::mutex mu_;
+  std::unordered_map<WorkerId, std::vector<Idle>> idle_;  // guarded by mu_
+};
+
+struct SimpleResponse {
+  unsigned status = 0;
+  std::string body;
+  std::string content_type;
+};
+
+// GET `target` from the worker on a fresh connection with an overall deadline. The body is capped at
+// `body_limit` bytes. The handler runs on `ex`.
+void http_get(asio::any_io_executor ex, const WorkerEndpoint& endpoint, std::string target,
+              std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler,
+              std::size_t body_limit = 4 << 20);
+
+// Connects a tcp_stream to host:port (numeric hosts skip the resolver) within the stream's expiry.
+void async_connect_endpoint(beast::tcp_stream& stream, const WorkerEndpoint& endpoint,
+                            std::function<void(beast::error_code)> handler);
+
+}  // namespace kvroute::backends

@@ -1,0 +1,177 @@
+#include "backends/worker_registry.h"
+
+#include <algorithm>
+
+namespace kvroute::backends {
+
+Result<WorkerEndpoint> parse_worker_url(std::string_view url) {
+  WorkerEndpoint ep;
+  ep.url = std::string(url);
+  std::string_view rest = url;
+  if (rest.starts_with("http://")) {
+    rest.remove_prefix(7);
+  } else if (rest.find("://") != std::string_view::npos) {
+    return make_error("worker URL '" + ep.url + "': only http:// is supported");
+  }
+  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
+    if (rest.substr(slash) != "/") return make_error("worker URL '" + ep.url + "': must not have a path");
+    rest = rest.substr(0, slash);
+  }
+  std::string_view host, port;
+  if (rest.starts_with("[")) {
+    auto close = rest.find(']');
+    if (close == std::string_view::npos) return make_error("worker URL '" + ep.url + "': unterminated '['");
+    host = rest.substr(1, close - 1);
+    if (close + 1 < rest.size() && rest[close + 1] == ':') port = rest.substr(close + 2);
+  } else {
+    auto colon = rest.rfind(':');
+    host = rest.substr(0, colon);
+    if (colon != std::string_view::npos) port = rest.substr(colon + 1);
+  }
+  if (host.empty()) return make_error("worker URL '" + ep.url + "': missing host");
+  if (port.empty()) port = "80";
+  if (!std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) || port.size() > 5 ||
+      std::stoul(std::string(port)) == 0 || std::stoul(std::string(port)) > 65535) {
+    return make_error("worker URL '" + ep.url + "': port must be a number from 1 to 65535");
+  }
+  ep.host = std::string(host);
+  ep.port = std::string(port);
+  ep.name = (rest.starts_with("[") ? "[" + ep.host + "]" : ep.host) + ":" + ep.port;
+  ep.url = "http://" + ep.name;
+  return ep;
+}
+
+void Worker::begin(std::uint64_t uncached) {
+  in_flight_.fetch_add(1, std::memory_order_relaxed);
+  pending_prefill_.fetch_add(uncached, std::memory_order_relaxed);
+}
+
+void Worker::first_token(std::uint64_t uncached, std::uint64_t context) {
+  pending_prefill_.fetch_sub(uncached, std::memory_order_relaxed);
+  active_decode_.fetch_add(context, std::memory_order_relaxed);
+}
+
+void Worker::end(bool had_first_token, std::uint64_t uncached, std::uint64_t context) {
+  in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  if (had_first_token) {
+    active_decode_.fetch_sub(context, std::memory_order_relaxed);
+  } else {
+    pending_prefill_.fetch_sub(uncached, std::memory_order_relaxed);
+  }
+}
+
+void Worker::set_telemetry(const WorkerTelemetry& t) {
+  std::lock_guard lock(mu_);
+  telemetry_ = t;
+}
+
+WorkerTelemetry Worker::telemetry() const {
+  std::lock_guard lock(mu_);
+  return telemetry_;
+}
+
+void Worker::observe_prefill(std::uint64_t uncached_tokens, double ttft_s) {
+  // Only prompts long enough for prefill to dominate TTFT say something about the rate; an exponential
+  // moving average (weight 0.2) follows drift without jumping on one noisy sample.
+  if (uncached_tokens < 256 || ttft_s <= 0) return;
+  const double sample = static_cast<double>(uncached_tokens) / ttft_s;
+  double cur = prefill_rate_.load(std::memory_order_relaxed);
+  prefill_rate_.store(0.8 * cur + 0.2 * sample, std::memory_order_relaxed);
+}
+
+policy::WorkerView Worker::view() const {
+  policy::WorkerView v;
+  v.id = id_;
+  v.healthy = healthy();
+  v.in_flight = in_flight();
+  v.pending_prefill_tokens = pending_prefill_.load(std::memory_order_relaxed);
+  v.active_decode_tokens = active_decode_.load(std::memory_order_relaxed);
+  v.prefill_tokens_per_s = prefill_tokens_per_s();
+  const WorkerTelemetry t = telemetry();
+  if (t.valid) {
+    v.running = t.running;
+    v.waiting = t.waiting;
+    v.kv_usage = t.kv_usage;
+    v.capacity_blocks = t.num_gpu_blocks;
+  }
+  return v;
+}
+
+Result<WorkerId> WorkerRegistry::add(WorkerEndpoint endpoint) {
+  std::shared_ptr<Worker> added;
+  std::vector<Listener> listeners;
+  {
+    std::lock_guard lock(mu_);
+    std::vector<bool> used;
+    for (const auto& w : *workers_) {
+      if (w->endpoint().url == endpoint.url) return make_error("worker " + endpoint.url + " is already registered");
+      if (w->id() >= used.size()) used.resize(w->id() + 1u, false);
+      used[w->id()] = true;
+    }
+    WorkerId id = 0;
+    while (id < used.size() && used[id]) ++id;
+    if (id == 0xffff) return make_error("too many workers (at most 65535)");
+    added = std::make_shared<Worker>(id, std::move(endpoint));
+    auto next = std::make_shared<WorkerList>(*workers_);
+    next->push_back(added);
+    workers_ = std::move(next);
+    listeners = listeners_;
+  }
+  for (const auto& l : listeners) {
+    if (l.added) l.added(*added);
+  }
+  return added->id();
+}
+
+bool WorkerRegistry::remove(WorkerId id) {
+  std::shared_ptr<Worker> removed;
+  std::vector<Listener> listeners;
+  {
+    std::lock_guard lock(mu_);
+    auto next = std::make_shared<WorkerList>(*workers_);
+    auto it = std::find_if(next->begin(), next->end(), [id](const auto& w) { return w->id() == id; });
+    if (it == next->end()) return false;
+    removed = *it;
+    next->erase(it);
+    workers_ = std::move(next);
+    listeners = listeners_;
+  }
+  for (const auto& l : listeners) {
+    if (l.removed) l.removed(*removed);
+  }
+  return true;
+}
+
+void WorkerRegistry::subscribe(Listener l) {
+  std::lock_guard lock(mu_);
+  listeners_.push_back(std::move(l));
+}
+
+std::shared_ptr<const WorkerList> WorkerRegistry::snapshot() const {
+  std::lock_guard lock(mu_);
+  return workers_;
+}
+
+std::shared_ptr<Worker> WorkerRegistry::find(WorkerId id) const {
+  auto snap = snapshot();
+  for (const auto& w : *snap) {
+    if (w->id() == id) return w;
+  }
+  return nullptr;
+}
+
+std::shared_ptr<Worker> WorkerRegistry::find_by_url(std::string_view url) const {
+  auto snap = snapshot();
+  for (const auto& w : *snap) {
+    if (w->endpoint().url == url) return w;
+  }
+  return nullptr;
+}
+
+void WorkerRegistry::fill_views(const WorkerList& workers, std::vector<policy::WorkerView>& out) {
+  out.clear();
+  out.reserve(workers.size());
+  for (const auto& w : workers) out.push_back(w->view());
+}
+
+}  // namespace kvroute::backends

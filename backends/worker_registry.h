@@ -1,0 +1,121 @@
+// WorkerRegistry: the fleet as the router sees it: endpoints, health, router-tracked load, reported telemetry
+// and learned performance (architecture section 2).
+//
+// Workers are added and removed only through the registry; listeners hear about both (the prefix index drops
+// a removed worker's entries, metrics drop its series). Readers take an immutable snapshot of the worker list
+// (a shared_ptr swapped under a mutex), so routing never holds the registry lock while it works. Per-worker
+// counters are atomics; reported telemetry sits behind the worker's own mutex.
+//
+//   WorkerRegistry reg;
+//   auto id = reg.add(*parse_worker_url("http://10.0.0.7:8000"));
+//   auto snap = reg.snapshot();                 // std::shared_ptr<const WorkerList>
+//   std::vector<policy::WorkerView> views; reg.fill_views(*snap, views);
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hashing/prefix_index.h"
+#include "policy/routing_policy.h"
+#include "util/result.h"
+
+namespace kvroute::backends {
+
+using hashing::WorkerId;
+
+struct WorkerEndpoint {
+  std::string url;   // as configured, e.g. http://127.0.0.1:8001
+  std::string host;
+  std::string port;  // service name or number, for the resolver
+  std::string name;  // display name: host:port unless configured
+  std::string kv_events_endpoint;  // optional ZMQ endpoint of the worker's KV event publisher
+};
+
+// Parses http://HOST:PORT[/] (IPv6 as [::1]); errors explain what is wrong with the URL.
+Result<WorkerEndpoint> parse_worker_url(std::string_view url);
+
+// What a worker's /metrics said at the last poll.
+struct WorkerTelemetry {
+  std::uint32_t running = 0;
+  std::uint32_t waiting = 0;
+  double kv_usage = 0.0;
+  std::uint64_t num_gpu_blocks = 0;
+  std::uint32_t block_size = 0;
+  bool valid = false;
+};
+
+class Worker {
+ public:
+  Worker(WorkerId id, WorkerEndpoint endpoint) : id_(id), endpoint_(std::move(endpoint)) {}
+
+  WorkerId id() const { return id_; }
+  const WorkerEndpoint& endpoint() const { return endpoint_; }
+  const std::string& name() const { return endpoint_.name; }
+
+  bool healthy() const { return healthy_.load(std::memory_order_relaxed); }
+  void set_healthy(bool h) { healthy_.store(h, std::memory_order_relaxed); }
+
+  // Router-tracked load: begin() when a request is sent, first_token() when its first byte comes back,
+  // end() when it completes (any outcome). Every begin() is matched by exactly one end().
+  void begin(std::uint64_t uncached_prompt_tokens);
+  void first_token(std::uint64_t uncached_prompt_tokens, std::uint64_t context_tokens);
+  void end(bool had_first_token, std::uint64_t uncached_prompt_tokens, std::uint64_t context_tokens);
+  std::uint32_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
+
+  void set_telemetry(const WorkerTelemetry& t);
+  WorkerTelemetry telemetry() const;
+
+  // Learned prefill rate (tokens/s), updated from observed TTFT against uncached tokens.
+  void observe_prefill(std::uint64_t uncached_tokens, double ttft_s);
+  double prefill_tokens_per_s() const { return prefill_rate_.load(std::memory_order_relaxed); }
+  void set_prefill_tokens_per_s(double r) { prefill_rate_.store(r, std::memory_order_relaxed); }
+
+  policy::WorkerView view() const;
+
+ private:
+  const WorkerId id_;
+  const WorkerEndpoint endpoint_;
+  std::atomic<bool> healthy_{true};
+  std::atomic<std::uint32_t> in_flight_{0};
+  std::atomic<std::uint64_t> pending_prefill_{0};
+  std::atomic<std::uint64_t> active_decode_{0};
+  std::atomic<double> prefill_rate_{10000.0};
+  mutable std::mutex mu_;
+  WorkerTelemetry telemetry_;  // guarded by mu_
+};
+
+using WorkerList = std::vector<std::shared_ptr<Worker>>;
+
+class WorkerRegistry {
+ public:
+  struct Listener {
+    std::function<void(const Worker&)> added;
+    std::function<void(const Worker&)> removed;
+  };
+
+  // Adds a worker (a URL already present is an error) and returns its id. Ids are dense and reused.
+  Result<WorkerId> add(WorkerEndpoint endpoint);
+  bool remove(WorkerId id);
+  void subscribe(Listener l);
+
+  std::shared_ptr<const WorkerList> snapshot() const;
+  std::shared_ptr<Worker> find(WorkerId id) const;
+  std::shared_ptr<Worker> find_by_url(std::string_view url) const;
+
+  // Views of every worker in the snapshot, in snapshot order.
+  static void fill_views(const WorkerList& workers, std::vector<policy::WorkerView>& out);
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<const WorkerList> workers_ = std::make_shared<WorkerList>();  // guarded by mu_
+  std::vector<Listener> listeners_;                                           // guarded by mu_
+};
+
+}  // namespace kvroute::backends

@@ -1,0 +1,263 @@
+#include "router/config.h"
+
+#include <charconv>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "backends/worker_registry.h"
+#include "policy/routing_policy.h"
+
+namespace kvroute::router {
+
+namespace {
+
+using Setter = std::function<std::optional<std::string>(Config&, const std::string&)>;
+
+struct Option {
+  const char* name;  // flag name; the YAML key is the same with '_' for '-'
+  const char* arg;   // placeholder in --help, empty for boolean flags
+  const char* help;
+  Setter set;
+  bool repeatable = false;
+};
+
+std::optional<std::string> parse_double(const std::string& v, double& out, double min, double max) {
+  try {
+    std::size_t used = 0;
+    double d = std::stod(v, &used);
+    if (used != v.size()) return "'" + v + "' is not a number";
+    if (d < min || d > max) return "'" + v + "' is out of range [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+    out = d;
+    return std::nullopt;
+  } catch (...) {
+    return "'" + v + "' is not a number";
+  }
+}
+
+template <class Int>
+std::optional<std::string> parse_int(const std::string& v, Int& out, Int min, Int max) {
+  Int x{};
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc() || p != v.data() + v.size()) return "'" + v + "' is not a whole number";
+  if (x < min || x > max) return "'" + v + "' is out of range [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+  out = x;
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_bool(const std::string& v, bool& out) {
+  if (v == "true" || v == "1" || v == "yes" || v == "on") { out = true; return std::nullopt; }
+  if (v == "false" || v == "0" || v == "no" || v == "off") { out = false; return std::nullopt; }
+  return "'" + v + "' is not true or false";
+}
+
+std::optional<std::string> check_host_port(const std::string& v) {
+  auto colon = v.rfind(':');
+  if (colon == std::string::npos || colon == 0) return "'" + v + "' must be HOST:PORT";
+  unsigned port = 0;
+  if (auto e = parse_int<unsigned>(v.substr(colon + 1), port, 0, 65535)) return "port in '" + v + "': " + *e;
+  return std::nullopt;
+}
+
+#define DOUBLE_OPT(field, lo, hi) [](Config& c, const std::string& v) { return parse_double(v, c.field, lo, hi); }
+#define INT_OPT(type, field, lo, hi) \
+  [](Config& c, const std::string& v) { return parse_int<type>(v, c.field, lo, hi); }
+
+const std::vector<Option>& options() {
+  static const std::vector<Option> opts = {
+      {"config", "FILE", "YAML file with any of these options (flags given on the command line win)",
+       [](Config&, const std::string&) { return std::optional<std::string>(); }},
+      {"listen", "HOST:PORT", "address of the OpenAI-compatible API (default 0.0.0.0:8080)",
+       [](Config& c, const std::string& v) { auto e = check_host_port(v); if (!e) c.listen = v; return e; }},
+      {"admin-listen", "HOST:PORT", "address of /metrics and /admin/* (default 127.0.0.1:9090)",
+       [](Config& c, const std::string& v) { auto e = check_host_port(v); if (!e) c.admin_listen = v; return e; }},
+      {"worker", "URL", "a worker's base URL, http://HOST:PORT; repeat for each worker",
+       [](Config& c, const std::string& v) -> std::optional<std::string> {
+         auto ep = backends::parse_worker_url(v);
+         if (!ep) return ep.error().message;
+         c.workers.push_back({ep->url, ""});
+         return std::nullopt;
+       },
+       true},
+      {"policy", "NAME", "routing policy (default kv_cost); one of the names listed below",
+       [](Config& c, const std::string& v) -> std::optional<std::string> {
+         for (const auto& n : policy::policy_names()) {
+           if (n == v) { c.policy = v; return std::nullopt; }
+         }
+         std::string valid;
+         for (const auto& n : policy::policy_names()) valid += (valid.empty() ? "" : ", ") + n;
+         return "unknown policy '" + v + "' (valid: " + valid + ")";
+       }},
+      {"threads", "N", "I/O threads (default 0: one per core)", INT_OPT(int, threads, 0, 256)},
+      {"max-body-bytes", "N", "largest request body accepted (default 8388608); larger gets 413",
+       INT_OPT(std::uint64_t, max_body_bytes, 1024, 1ull << 32)},
+      {"request-timeout", "SECONDS", "deadline of one upstream exchange, streaming included (default 600)",
+       DOUBLE_OPT(request_timeout_s, 0.001, 86400)},
+      {"connect-timeout", "SECONDS", "deadline to connect to a worker (default 2)", DOUBLE_OPT(connect_timeout_s, 0.001, 600)},
+      {"client-idle-timeout", "SECONDS", "close an idle client connection after this long (default 60)",
+       DOUBLE_OPT(client_idle_timeout_s, 0.001, 86400)},
+      {"worker-header", "BOOL", "add x-kvroute-worker to every routed response (default true)",
+       [](Config& c, const std::string& v) { return parse_bool(v, c.worker_header); }},
+      {"block-tokens", "N", "tokens per block when requests carry token ids (default 16)",
+       INT_OPT(std::uint32_t, block_tokens, 1, 4096)},
+      {"block-bytes", "N", "bytes of routing text per block (default 64)", INT_OPT(std::uint32_t, block_bytes, 4, 65536)},
+      {"session-header", "NAME", "request header carrying the session key (default x-session-id)",
+       [](Config& c, const std::string& v) -> std::optional<std::string> {
+         if (v.empty()) return "must not be empty";
+         c.session_header = v;
+         return std::nullopt;
+       }},
+      {"session-ttl", "SECONDS", "idle time after which a session binding is forgotten (default 600)",
+       DOUBLE_OPT(session_ttl_s, 0.001, 1e7)},
+      {"session-margin", "SECONDS", "keep a session's worker unless its estimate is worse than the best by more (default 0.5)",
+       DOUBLE_OPT(session_margin_s, 0, 1e6)},
+      {"tenant-header", "NAME", "request header naming the tenant; isolates cache namespaces (default x-tenant-id)",
+       [](Config& c, const std::string& v) { c.tenant_header = v; return std::optional<std::string>(); }},
+      {"health-interval", "SECONDS", "interval of active health checks, GET /health (default 2)",
+       DOUBLE_OPT(health_interval_s, 0.01, 3600)},
+      {"health-timeout", "SECONDS", "deadline of one health check (default 1)", DOUBLE_OPT(health_timeout_s, 0.001, 600)},
+      {"unhealthy-threshold", "N", "consecutive failed checks that take a worker out (default 2)",
+       INT_OPT(int, unhealthy_threshold, 1, 100)},
+      {"healthy-threshold", "N", "consecutive good checks that bring it back (default 2)",
+       INT_OPT(int, healthy_threshold, 1, 100)},
+      {"metrics-interval", "SECONDS", "poll each worker's /metrics this often; 0 disables (default 1)",
+       DOUBLE_OPT(metrics_interval_s, 0, 3600)},
+      {"worker-kv-blocks", "N", "KV capacity of a worker in blocks when it reports none (default 0: unbounded)",
+       INT_OPT(std::uint64_t, worker_kv_blocks, 0, 1ull << 40)},
+      {"prefill-tokens-per-s", "N", "prefill rate assumed before it is learned (default 20000)",
+       DOUBLE_OPT(prefill_tokens_per_s, 1, 1e9)},
+      {"kv-cost-alpha", "X", "kv_cost weight of evicting reused blocks (default 1)", DOUBLE_OPT(kv_cost_alpha, 0, 1e6)},
+      {"kv-cost-beta", "X", "kv_cost weight of the delay added to running requests (default 0.5)",
+       DOUBLE_OPT(kv_cost_beta, 0, 1e6)},
+      {"log-level", "LEVEL", "error, warn, info or debug (default info)",
+       [](Config& c, const std::string& v) -> std::optional<std::string> {
+         if (v != "error" && v != "warn" && v != "info" && v != "debug") return "'" + v + "' is not error, warn, info or debug";
+         c.log_level = v;
+         return std::nullopt;
+       }},
+  };
+  return opts;
+}
+
+const Option* find_option(std::string_view name) {
+  for (const auto& o : options()) {
+    if (name == o.name) return &o;
+  }
+  return nullptr;
+}
+
+std::string yaml_key(const char* flag) {
+  std::string k(flag);
+  for (char& ch : k) if (ch == '-') ch = '_';
+  return k;
+}
+
+std::optional<std::string> apply_worker_node(Config& cfg, const YAML::Node& w) {
+  if (w.IsScalar()) return find_option("worker")->set(cfg, w.as<std::string>());
+  if (!w.IsMap() || !w["url"]) return std::string("each worker is a URL or a map with 'url' (and optional 'kv_events')");
+  if (auto e = find_option("worker")->set(cfg, w["url"].as<std::string>())) return e;
+  if (w["kv_events"]) cfg.workers.back().kv_events = w["kv_events"].as<std::string>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<Config> apply_yaml(Config cfg, const std::string& text, const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return make_error(origin + ": " + e.what());
+  }
+  if (root.IsNull()) return cfg;
+  if (!root.IsMap()) return make_error(origin + ": the top level must be a map of options");
+  try {
+    for (const auto& kv : root) {
+      const std::string key = kv.first.as<std::string>();
+      if (key == "workers") {
+        if (!kv.second.IsSequence()) return make_error(origin + ": 'workers' must be a list");
+        cfg.workers.clear();
+        for (const auto& w : kv.second) {
+          if (auto e = apply_worker_node(cfg, w)) return make_error(origin + ": workers: " + *e);
+        }
+        continue;
+      }
+      const Option* opt = nullptr;
+      for (const auto& o : options()) {
+        if (yaml_key(o.name) == key && std::string_view(o.name) != "config" && std::string_view(o.name) != "worker") opt = &o;
+      }
+      if (opt == nullptr) return make_error(origin + ": unknown option '" + key + "'");
+      if (!kv.second.IsScalar()) return make_error(origin + ": '" + key + "' must be a single value");
+      if (auto e = opt->set(cfg, kv.second.as<std::string>())) return make_error(origin + ": " + key + ": " + *e);
+    }
+  } catch (const YAML::Exception& e) {
+    return make_error(origin + ": " + e.what());
+  }
+  return cfg;
+}
+
+Result<Config> load_config(int argc, const char* const* argv, bool* help_requested) {
+  Config cfg;
+  // Split "--name=value" and "--name value"; find --config first so flags override the file.
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      if (help_requested) *help_requested = true;
+      return cfg;
+    }
+    if (!a.starts_with("--")) return make_error("unexpected argument '" + a + "' (options start with --; see --help)");
+    std::string name = a.substr(2), value;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else {
+      if (i + 1 >= argc) return make_error("--" + name + " needs a value (see --help)");
+      value = argv[++i];
+    }
+    if (find_option(name) == nullptr) return make_error("unknown option --" + name + " (see --help)");
+    flags.emplace_back(name, value);
+  }
+  for (const auto& [name, value] : flags) {
+    if (name != "config") continue;
+    std::ifstream in(value);
+    if (!in) return make_error("--config: cannot read '" + value + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto r = apply_yaml(std::move(cfg), ss.str(), value);
+    if (!r) return r.error();
+    cfg = std::move(*r);
+  }
+  bool workers_from_flags = false;
+  for (const auto& [name, value] : flags) {
+    if (name == "config") continue;
+    if (name == "worker" && !workers_from_flags) {
+      cfg.workers.clear();  // --worker flags replace the file's list
+      workers_from_flags = true;
+    }
+    if (auto e = find_option(name)->set(cfg, value)) return make_error("--" + name + ": " + *e);
+  }
+  return cfg;
+}
+
+std::string help_text() {
+  std::ostringstream out;
+  out << "kvroute: a prefix-cache-aware router for OpenAI-compatible LLM workers\n\n"
+         "usage: kvroute [--config FILE] [--worker URL ...] [options]\n\n"
+         "Every option can also be set in the YAML file under the same name with '_' for '-'\n"
+         "(workers: a list of URLs, or of maps {url, kv_events}).\n\noptions:\n";
+  for (const auto& o : options()) {
+    std::string left = std::string("  --") + o.name + (o.arg[0] ? std::string(" ") + o.arg : "");
+    out << left;
+    out << std::string(left.size() < 34 ? 34 - left.size() : 1, ' ') << o.help << (o.repeatable ? " [repeatable]" : "")
+        << "\n";
+  }
+  out << "  --help                          this text\n\npolicies:";
+  for (const auto& n : policy::policy_names()) out << " " << n;
+  out << "\n";
+  return out.str();
+}
+
+}  // namespace kvroute::router

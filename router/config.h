@@ -1,0 +1,69 @@
+// Configuration of the kvroute daemon: a YAML file plus command-line flags that override it.
+//
+// Every option has one name used in both places (`--admin-listen` on the command line is `admin_listen` in
+// YAML) and one line of help; `kvroute --help` prints the table. Errors name the option and the bad value.
+//
+//   auto cfg = load_config(argc, argv);   // reads --config FILE first, then applies the other flags
+//   if (!cfg) { std::cerr << cfg.error().message; return 2; }
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "util/result.h"
+
+namespace kvroute::router {
+
+struct WorkerConfig {
+  std::string url;
+  std::string kv_events;  // optional ZMQ endpoint of the worker's KV event publisher
+};
+
+struct Config {
+  std::string listen = "0.0.0.0:8080";
+  std::string admin_listen = "127.0.0.1:9090";
+  std::vector<WorkerConfig> workers;
+  std::string policy = "kv_cost";
+  int threads = 0;  // 0: one per core
+
+  // Request handling.
+  std::uint64_t max_body_bytes = 8ull << 20;
+  double request_timeout_s = 600;   // whole upstream exchange
+  double connect_timeout_s = 2;
+  double client_idle_timeout_s = 60;
+  bool worker_header = true;        // add x-kvroute-worker to responses
+
+  // Hashing (docs/hashing.md).
+  std::uint32_t block_tokens = 16;
+  std::uint32_t block_bytes = 64;
+
+  // Session affinity.
+  std::string session_header = "x-session-id";
+  double session_ttl_s = 600;
+  double session_margin_s = 0.5;
+  std::string tenant_header = "x-tenant-id";
+
+  // Health checks.
+  double health_interval_s = 2;
+  double health_timeout_s = 1;
+  int unhealthy_threshold = 2;
+  int healthy_threshold = 2;
+
+  // Worker telemetry and the cost model.
+  double metrics_interval_s = 1;    // poll each worker's /metrics; 0 disables
+  std::uint64_t worker_kv_blocks = 0;  // KV capacity per worker in blocks when the worker reports none
+  double prefill_tokens_per_s = 20000;  // starting prefill rate before learning
+  double kv_cost_alpha = 1.0;
+  double kv_cost_beta = 0.5;
+
+  std::string log_level = "info";
+};
+
+// Parses argv (argv[0] skipped). Returns the config, or an error; `--help` sets *help_requested.
+Result<Config> load_config(int argc, const char* const* argv, bool* help_requested = nullptr);
+// Applies a YAML document (the contents of a config file) on top of `cfg`.
+Result<Config> apply_yaml(Config cfg, const std::string& yaml_text, const std::string& origin);
+std::string help_text();
+
+}  // namespace kvroute::router

@@ -1,0 +1,650 @@
+#include "router/http_server.h"
+
+#include <array>
+#include <iostream>
+#include <random>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/write.hpp>
+#include <boost/json.hpp>
+
+#include "router/log.h"
+
+namespace kvroute::router {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace asio = boost::asio;
+namespace json = boost::json;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+constexpr std::size_t kHeaderLimit = 64 * 1024;
+constexpr std::size_t kRelayChunk = 16 * 1024;
+constexpr std::size_t kUsageTail = 16 * 1024;  // bytes of the response end kept to read `usage` from
+
+std::chrono::steady_clock::duration seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+std::string new_request_id() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id(32, '0');
+  for (int half = 0; half < 2; ++half) {
+    std::uint64_t x = rng();
+    for (int i = 0; i < 16; ++i, x >>= 4) id[half * 16 + i] = kHex[x & 15];
+  }
+  return id;
+}
+
+bool hop_by_hop(http::field f, std::string_view name) {
+  switch (f) {
+    case http::field::connection:
+    case http::field::keep_alive:
+    case http::field::proxy_authenticate:
+    case http::field::proxy_authorization:
+    case http::field::te:
+    case http::field::trailer:
+    case http::field::transfer_encoding:
+    case http::field::upgrade:
+    case http::field::content_length:
+    case http::field::host:
+      return true;
+    default:
+      return beast::iequals(name, "proxy-connection");
+  }
+}
+
+// `usage` of the last response object in `tail` (a JSON body's end, or the last SSE events).
+std::optional<Usage> find_usage(std::string_view tail) {
+  for (std::size_t pos = tail.rfind("\"usage\""); pos != std::string_view::npos;
+       pos = pos == 0 ? std::string_view::npos : tail.rfind("\"usage\"", pos - 1)) {
+    std::size_t i = pos + 7;
+    while (i < tail.size() && (tail[i] == ' ' || tail[i] == ':' || tail[i] == '\n' || tail[i] == '\r' || tail[i] == '\t')) ++i;
+    if (i >= tail.size() || tail[i] != '{') continue;  // "usage": null in intermediate chunks
+    json::stream_parser p;
+    boost::system::error_code ec;
+    p.write_some(tail.data() + i, tail.size() - i, ec);
+    if (!p.done()) continue;
+    json::value v = p.release();
+    const auto* o = v.if_object();
+    if (!o) continue;
+    Usage u;
+    auto num = [](const json::value* x) -> std::uint64_t {
+      if (!x) return 0;
+      if (x->is_int64() && x->get_int64() > 0) return static_cast<std::uint64_t>(x->get_int64());
+      if (x->is_uint64()) return x->get_uint64();
+      return 0;
+    };
+    u.prompt_tokens = num(o->if_contains("prompt_tokens"));
+    u.completion_tokens = num(o->if_contains("completion_tokens"));
+    if (const auto* d = o->if_contains("prompt_tokens_details"); d && d->is_object()) {
+      u.cached_tokens = num(d->get_object().if_contains("cached_tokens"));
+    }
+    return u;
+  }
+  return std::nullopt;
+}
+
+template <class Body>
+void common_headers(http::response<Body>& res, const std::string& request_id) {
+  res.set(http::field::server, "kvroute");
+  if (!request_id.empty()) res.set("x-request-id", request_id);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+
+class ApiSession : public std::enable_shared_from_this<ApiSession> {
+ public:
+  ApiSession(tcp::socket&& socket, Services& svc, Listener::Kind kind)
+      : stream_(std::move(socket)), svc_(svc), kind_(kind) {}
+
+  void run() {
+    asio::dispatch(stream_.get_executor(), beast::bind_front_handler(&ApiSession::do_read, shared_from_this()));
+  }
+
+ private:
+  // ---- reading requests ----
+  void do_read() {
+    parser_.emplace();
+    parser_->header_limit(kHeaderLimit);
+    parser_->body_limit(svc_.config.max_body_bytes);
+    stream_.expires_after(seconds(svc_.config.client_idle_timeout_s));
+    http::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&ApiSession::on_read, shared_from_this()));
+  }
+
+  void on_read(beast::error_code ec, std::size_t) {
+    if (ec == http::error::end_of_stream || ec == asio::error::operation_aborted || ec == beast::error::timeout ||
+        ec == asio::error::connection_reset || ec == asio::error::eof) {
+      return do_close();
+    }
+    if (ec == http::error::body_limit) {
+      close_after_ = true;
+      return send_error(make_error("request body exceeds the limit of " + std::to_string(svc_.config.max_body_bytes) +
+                                       " bytes",
+                                   413, "invalid_request_error", "body_too_large"));
+    }
+    if (ec == http::error::header_limit) {
+      close_after_ = true;
+      return send_error(make_error("request headers exceed 65536 bytes", 431, "invalid_request_error", "headers_too_large"));
+    }
+    if (ec) {
+      close_after_ = true;
+      return send_error(make_error("malformed HTTP request: " + ec.message(), 400, "invalid_request_error", "bad_http"));
+    }
+    req_ = parser_->release();
+    close_after_ = !req_.keep_alive();
+    request_id_ = std::string(req_["x-request-id"]);
+    if (request_id_.empty() || request_id_.size() > 200) request_id_ = new_request_id();
+    if (kind_ == Listener::Kind::kAdmin) return handle_admin();
+    handle_api();
+  }
+
+  // ---- API routes ----
+  void handle_api() {
+    std::string_view target = req_.target();
+    std::string_view path = target.substr(0, target.find('?'));
+    const auto method = req_.method();
+    if (path == "/health") {
+      if (method != http::verb::get && method != http::verb::head) return method_not_allowed("GET");
+      return send_json(200, R"({"status":"ok"})");
+    }
+    if (path == "/ready") {
+      if (method != http::verb::get && method != http::verb::head) return method_not_allowed("GET");
+      if (svc_.router.any_healthy()) return send_json(200, R"({"status":"ready"})");
+      return send_error(make_error("no healthy worker", 503, "service_unavailable", "no_healthy_worker"));
+    }
+    if (path == "/v1/chat/completions" || path == "/v1/completions") {
+      if (method != http::verb::post) return method_not_allowed("POST");
+      return handle_routed(path == "/v1/chat/completions" ? Endpoint::kChatCompletions : Endpoint::kCompletions);
+    }
+    if (path == "/v1/models") {
+      if (method != http::verb::get) return method_not_allowed("GET");
+      return handle_models();
+    }
+    if (path.starts_with("/v1/")) {
+      auto worker = svc_.router.any_healthy();
+      if (!worker) return send_error(make_error("no healthy worker is available", 503, "service_unavailable", "no_healthy_worker"));
+      decision_.reset();
+      return forward(std::move(worker));
+    }
+    send_error(make_error("no route for " + std::string(req_.method_string()) + " " + std::string(path), 404,
+                          "invalid_request_error", "unknown_route"));
+  }
+
+  void handle_routed(Endpoint endpoint) {
+    const auto t0 = std::chrono::steady_clock::now();
+    RequestHeaders headers{req_[svc_.config.session_header], req_[svc_.config.tenant_header]};
+    auto parsed = parse_request(endpoint, req_.body(), headers,
+                                ParseOptions{svc_.config.block_tokens, svc_.config.block_bytes});
+    if (!parsed) {
+      svc_.metrics.error("bad_request");
+      return send_error(parsed.error());
+    }
+    auto decision = svc_.router.route(*parsed);
+    if (!decision) return send_error(decision.error());
+    decision_ = std::move(*decision);
+    decision_->start = t0;
+    LOG_DEBUG("request " << request_id_ << " -> " << decision_->worker->name() << " ("
+              << policy::reason_name(decision_->pick.reason) << ", predicted cached "
+              << decision_->pick.predicted_cached_tokens << "/" << decision_->prompt_tokens << ")");
+    forward(decision_->worker);
+  }
+
+  // ---- proxying ----
+  void forward(std::shared_ptr<backends::Worker> worker) {
+    worker_ = std::move(worker);
+    up_req_ = {};
+    up_req_.method(req_.method());
+    up_req_.target(req_.target());
+    up_req_.version(11);
+    for (const auto& f : req_) {
+      if (!hop_by_hop(f.name(), f.name_string())) up_req_.set(f.name_string(), f.value());
+    }
+    up_req_.set(http::field::host, worker_->endpoint().name);
+    up_req_.set("x-request-id", request_id_);
+    up_req_.keep_alive(true);
+    up_req_.body() = req_.body();
+    up_req_.prepare_payload();
+    acquire(false);
+  }
+
+  void acquire(bool fresh_only) {
+    svc_.pool.acquire(
+        *worker_,
+        [self = shared_from_this()](beast::error_code ec, backends::UpstreamPool::Lease l) {
+          asio::post(self->stream_.get_executor(), [self, ec, l = std::move(l)]() mutable { self->on_connect(ec, std::move(l)); });
+        },
+        fresh_only);
+  }
+
+  void on_connect(beast::error_code ec, backends::UpstreamPool::Lease lease) {
+    if (ec) return upstream_failed("cannot connect to worker " + worker_->name() + ": " + ec.message(), false);
+    lease_ = std::move(lease);
+    lease_.stream->expires_after(seconds(svc_.config.request_timeout_s));
+    watch_client();
+    http::async_write(*lease_.stream, up_req_,
+                      asio::bind_executor(stream_.get_executor(),
+                                          beast::bind_front_handler(&ApiSession::on_upstream_write, shared_from_this())));
+  }
+
+  void on_upstream_write(beast::error_code ec, std::size_t) {
+    if (ec) return upstream_failed("sending to worker " + worker_->name() + ": " + ec.message(), lease_.reused);
+    up_parser_.emplace();
+    up_parser_->body_limit(boost::none);
+    up_parser_->header_limit(kHeaderLimit);
+    up_buffer_.clear();
+    http::async_read_header(*lease_.stream, up_buffer_, *up_parser_,
+                            asio::bind_executor(stream_.get_executor(),
+                                                beast::bind_front_handler(&ApiSession::on_upstream_header, shared_from_this())));
+  }
+
+  void on_upstream_header(beast::error_code ec, std::size_t) {
+    if (ec) return upstream_failed("reading from worker " + worker_->name() + ": " + ec.message(), lease_.reused);
+    auto& up = up_parser_->get();
+    down_res_ = {};
+    down_res_.result(up.result_int());
+    down_res_.version(11);
+    for (const auto& f : up) {
+      if (!hop_by_hop(f.name(), f.name_string())) down_res_.set(f.name_string(), f.value());
+    }
+    common_headers(down_res_, request_id_);
+    if (svc_.config.worker_header) down_res_.set("x-kvroute-worker", worker_->name());
+    if (auto len = up_parser_->content_length()) {
+      down_res_.content_length(*len);
+    } else if (up_parser_->is_done() || up.result_int() == 204 || up.result_int() == 304) {
+      down_res_.content_length(0);
+    } else {
+      down_res_.chunked(true);
+    }
+    down_res_.keep_alive(!close_after_);
+    status_ = up.result_int();
+    tail_.clear();
+    down_sr_.emplace(down_res_);
+    responding_ = true;
+    http::async_write_header(stream_, *down_sr_,
+                             beast::bind_front_handler(&ApiSession::on_down_written, shared_from_this()));
+  }
+
+  void read_upstream_body() {
+    if (up_parser_->is_done()) return relay_piece(0, true);
+    up_parser_->get().body().data = relay_.data();
+    up_parser_->get().body().size = relay_.size();
+    http::async_read_some(*lease_.stream, up_buffer_, *up_parser_,
+                          asio::bind_executor(stream_.get_executor(),
+                                              beast::bind_front_handler(&ApiSession::on_upstream_body, shared_from_this())));
+  }
+
+  void on_upstream_body(beast::error_code ec, std::size_t) {
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) {
+      // The head is already out: the client can only learn of the failure by the connection closing.
+      LOG_WARN("request " << request_id_ << ": worker " << worker_->name() << " broke off the response: " << ec.message());
+      close_after_ = true;
+      finish(false, false);
+      return do_close();
+    }
+    const std::size_t got = relay_.size() - up_parser_->get().body().size;
+    relay_piece(got, up_parser_->is_done());
+  }
+
+  void relay_piece(std::size_t got, bool last) {
+    if (got > 0) {
+      if (decision_) svc_.router.first_byte(*decision_);
+      keep_tail(std::string_view(relay_.data(), got));
+    } else if (!last) {
+      return read_upstream_body();
+    }
+    down_res_.body().data = got ? relay_.data() : nullptr;
+    down_res_.body().size = got;
+    down_res_.body().more = !last;
+    http::async_write(stream_, *down_sr_, beast::bind_front_handler(&ApiSession::on_down_written, shared_from_this()));
+  }
+
+  void on_down_written(beast::error_code ec, std::size_t) {
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) {
+      // The client went away: drop the upstream connection so the worker cancels the request.
+      client_gone();
+      return;
+    }
+    if (!down_sr_->is_done()) return read_upstream_body();
+    finish(status_ >= 200 && status_ < 300, up_parser_->keep_alive());
+    if (close_after_) return do_close();
+    do_read();
+  }
+
+  void keep_tail(std::string_view piece) {
+    tail_.append(piece);
+    if (tail_.size() > 2 * kUsageTail) tail_.erase(0, tail_.size() - kUsageTail);
+  }
+
+  // Ends the exchange once: releases the upstream connection and tells the router how it went.
+  void finish(bool ok, bool reusable) {
+    responding_ = false;
+    ++generation_;
+    beast::error_code ignored;
+    if (lease_.stream) {
+      lease_.stream->expires_never();
+      svc_.pool.release(std::move(lease_), reusable);
+    }
+    lease_ = {};
+    if (decision_) {
+      Outcome o;
+      o.ok = ok;
+      o.usage = find_usage(tail_);
+      svc_.router.complete(*decision_, o);
+      decision_.reset();
+    }
+    up_parser_.reset();
+    down_sr_.reset();
+  }
+
+  void upstream_failed(const std::string& why, bool retry_fresh) {
+    if (lease_.stream) {
+      svc_.pool.release(std::move(lease_), false);
+      lease_ = {};
+    }
+    // A reused keep-alive connection may have been closed by the worker while idle: retry once, fresh.
+    if (retry_fresh && !retried_) {
+      retried_ = true;
+      return acquire(true);
+    }
+    retried_ = false;
+    LOG_WARN("request " << request_id_ << ": " << why);
+    if (decision_) {
+      svc_.router.complete(*decision_, Outcome{false, std::nullopt});
+      decision_.reset();
+    }
+    ++generation_;
+    send_error(make_error(why, 502, "upstream_error", "worker_unavailable"));
+  }
+
+  // Notices a client that disconnects while the worker is still thinking (no write in progress to fail).
+  void watch_client() {
+    const std::uint64_t gen = generation_;
+    stream_.socket().async_wait(tcp::socket::wait_read,
+                                beast::bind_front_handler(&ApiSession::on_client_readable, shared_from_this(), gen));
+  }
+
+  void on_client_readable(std::uint64_t gen, beast::error_code ec) {
+    if (ec || gen != generation_ || !lease_.stream) return;
+    beast::error_code e2;
+    if (stream_.socket().available(e2) > 0) return;  // a pipelined request, not a disconnect
+    char byte;
+    stream_.socket().non_blocking(true, e2);
+    stream_.socket().receive(asio::buffer(&byte, 1), tcp::socket::message_peek, e2);
+    stream_.socket().non_blocking(false, e2);
+    if (e2 == asio::error::would_block) return watch_client();
+    client_gone();
+  }
+
+  void client_gone() {
+    if (lease_.stream) {
+      beast::error_code ignored;
+      lease_.stream->socket().shutdown(tcp::socket::shutdown_both, ignored);
+      lease_.stream->socket().close(ignored);
+    }
+    LOG_DEBUG("request " << request_id_ << ": client disconnected; upstream request cancelled");
+    svc_.metrics.error("client_disconnected");
+    finish(false, false);
+    do_close();
+  }
+
+  // ---- /v1/models ----
+  void handle_models() {
+    auto workers = svc_.registry.snapshot();
+    auto state = std::make_shared<ModelsFanout>();
+    for (const auto& w : *workers) {
+      if (w->healthy()) ++state->pending;
+    }
+    if (state->pending == 0) {
+      return send_error(make_error("no healthy worker is available", 503, "service_unavailable", "no_healthy_worker"));
+    }
+    for (const auto& w : *workers) {
+      if (!w->healthy()) continue;
+      backends::http_get(stream_.get_executor(), w->endpoint(), "/v1/models", std::chrono::seconds(5),
+                         [self = shared_from_this(), state](Result<backends::SimpleResponse> r) {
+                           asio::post(self->stream_.get_executor(), [self, state, r = std::move(r)]() mutable {
+                             self->on_models_reply(state, std::move(r));
+                           });
+                         });
+    }
+  }
+
+  struct ModelsFanout {
+    int pending = 0;
+    json::array data;
+    std::vector<std::string> seen;
+  };
+
+  void on_models_reply(std::shared_ptr<ModelsFanout> st, Result<backends::SimpleResponse> r) {
+    if (r && r->status == 200) {
+      boost::system::error_code ec;
+      json::value v = json::parse(r->body, ec);
+      if (!ec && v.is_object()) {
+        if (const auto* d = v.get_object().if_contains("data"); d && d->is_array()) {
+          for (const auto& m : d->get_array()) {
+            const auto* mo = m.if_object();
+            const auto* id = mo ? mo->if_contains("id") : nullptr;
+            if (!id || !id->is_string()) continue;
+            std::string s(id->get_string());
+            if (std::find(st->seen.begin(), st->seen.end(), s) != st->seen.end()) continue;
+            st->seen.push_back(s);
+            st->data.push_back(m);
+          }
+        }
+      }
+    }
+    if (--st->pending > 0) return;
+    json::object out;
+    out["object"] = "list";
+    out["data"] = std::move(st->data);
+    send_json(200, json::serialize(out));
+  }
+
+  // ---- admin routes ----
+  void handle_admin() {
+    std::string_view target = req_.target();
+    std::string_view path = target.substr(0, target.find('?'));
+    if (path == "/metrics") {
+      auto res = std::make_shared<http::response<http::string_body>>(http::status::ok, 11);
+      res->set(http::field::content_type, "text/plain; version=0.0.4");
+      res->body() = svc_.metrics.serialize();
+      return write_response(res);
+    }
+    if (path == "/health") return send_json(200, R"({"status":"ok"})");
+    if (path == "/admin/workers" && req_.method() == http::verb::get) {
+      json::array arr;
+      for (const auto& w : *svc_.registry.snapshot()) {
+        const auto t = w->telemetry();
+        json::object o;
+        o["id"] = w->id();
+        o["name"] = w->name();
+        o["url"] = w->endpoint().url;
+        o["healthy"] = w->healthy();
+        o["in_flight"] = w->in_flight();
+        o["indexed_blocks"] = svc_.router.index().worker_blocks(w->id());
+        o["mode"] = "approximate";
+        o["prefill_tokens_per_s"] = w->prefill_tokens_per_s();
+        if (t.valid) {
+          o["running"] = t.running;
+          o["waiting"] = t.waiting;
+          o["kv_usage"] = t.kv_usage;
+          o["num_gpu_blocks"] = t.num_gpu_blocks;
+        }
+        arr.push_back(std::move(o));
+      }
+      json::object out;
+      out["policy"] = std::string(svc_.router.policy().name());
+      out["workers"] = std::move(arr);
+      out["sessions"] = svc_.router.session_count();
+      out["index_entries"] = svc_.router.index().entries();
+      return send_json(200, json::serialize(out));
+    }
+    if (path == "/admin/workers" && req_.method() == http::verb::post) {
+      boost::system::error_code ec;
+      json::value v = json::parse(req_.body(), ec);
+      const json::object* o = ec ? nullptr : v.if_object();
+      const json::value* url = o ? o->if_contains("url") : nullptr;
+      if (!url || !url->is_string()) {
+        return send_error(make_error("body must be {\"url\": \"http://HOST:PORT\"}", 400, "invalid_request_error", "invalid_value"));
+      }
+      auto ep = backends::parse_worker_url(url->get_string());
+      if (!ep) return send_error(ep.error());
+      auto id = svc_.registry.add(*ep);
+      if (!id) return send_error(make_error(id.error().message, 409, "invalid_request_error", "conflict"));
+      LOG_INFO("worker " << ep->name << " added through the admin API");
+      return send_json(201, "{\"id\":" + std::to_string(*id) + "}");
+    }
+    if (path.starts_with("/admin/workers/") && req_.method() == http::verb::delete_) {
+      std::string name(path.substr(15));
+      for (const auto& w : *svc_.registry.snapshot()) {
+        if (w->name() == name || std::to_string(w->id()) == name) {
+          svc_.registry.remove(w->id());
+          svc_.pool.drop(w->id());
+          LOG_INFO("worker " << w->name() << " removed through the admin API");
+          return send_json(200, R"({"removed":true})");
+        }
+      }
+      return send_error(make_error("no worker named '" + name + "'", 404, "invalid_request_error", "not_found"));
+    }
+    send_error(make_error("no route for " + std::string(req_.method_string()) + " " + std::string(path), 404,
+                          "invalid_request_error", "unknown_route"));
+  }
+
+  // ---- responses ----
+  void method_not_allowed(const char* allowed) {
+    send_error(make_error("method " + std::string(req_.method_string()) + " is not allowed here (use " + allowed + ")",
+                          405, "invalid_request_error", "method_not_allowed"));
+  }
+
+  void send_error(const Error& e) { send_json(e.status, error_json(e)); }
+
+  void send_json(unsigned status, std::string body) {
+    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), 11);
+    res->set(http::field::content_type, "application/json");
+    res->body() = std::move(body);
+    write_response(res);
+  }
+
+  void write_response(std::shared_ptr<http::response<http::string_body>> res) {
+    common_headers(*res, request_id_);
+    res->keep_alive(!close_after_);
+    res->prepare_payload();
+    stream_.expires_after(seconds(svc_.config.client_idle_timeout_s));
+    http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, std::size_t) {
+      if (ec || self->close_after_) return self->do_close();
+      self->do_read();
+    });
+  }
+
+  void do_close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.socket().close(ec);
+  }
+
+  beast::tcp_stream stream_;
+  Services& svc_;
+  Listener::Kind kind_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::request<http::string_body> req_;
+  std::string request_id_;
+  bool close_after_ = false;
+
+  std::optional<Decision> decision_;
+  std::shared_ptr<backends::Worker> worker_;
+  http::request<http::string_body> up_req_;
+  backends::UpstreamPool::Lease lease_;
+  bool retried_ = false;
+  beast::flat_buffer up_buffer_;
+  std::optional<http::response_parser<http::buffer_body>> up_parser_;
+  http::response<http::buffer_body> down_res_;
+  std::optional<http::response_serializer<http::buffer_body>> down_sr_;
+  std::array<char, kRelayChunk> relay_{};
+  std::string tail_;
+  unsigned status_ = 0;
+  bool responding_ = false;
+  std::uint64_t generation_ = 0;
+};
+
+}  // namespace
+
+Result<tcp::endpoint> resolve_listen(const std::string& host_port) {
+  auto colon = host_port.rfind(':');
+  if (colon == std::string::npos) return make_error("listen address '" + host_port + "' must be HOST:PORT");
+  std::string host = host_port.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host == "localhost") host = "127.0.0.1";
+  if (host.empty()) host = "0.0.0.0";
+  unsigned long port = 0;
+  try {
+    port = std::stoul(host_port.substr(colon + 1));
+  } catch (...) {
+    return make_error("listen address '" + host_port + "': bad port");
+  }
+  if (port > 65535) return make_error("listen address '" + host_port + "': bad port");
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(host, ec);
+  if (ec) return make_error("listen address '" + host_port + "': '" + host + "' is not an IP address");
+  return tcp::endpoint(addr, static_cast<unsigned short>(port));
+}
+
+Listener::Listener(asio::io_context& io, Services& services, Kind kind)
+    : io_(io), acceptor_(asio::make_strand(io)), services_(services), kind_(kind) {}
+
+Result<bool> Listener::open(const tcp::endpoint& endpoint) {
+  beast::error_code ec;
+  acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(endpoint, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return make_error("cannot listen on " + endpoint.address().to_string() + ":" + std::to_string(endpoint.port()) +
+                      ": " + ec.message());
+  }
+  return true;
+}
+
+void Listener::run() { do_accept(); }
+
+void Listener::stop() {
+  asio::post(acceptor_.get_executor(), [self = shared_from_this()] {
+    beast::error_code ec;
+    self->acceptor_.close(ec);
+  });
+}
+
+tcp::endpoint Listener::local_endpoint() const {
+  beast::error_code ec;
+  return acceptor_.local_endpoint(ec);
+}
+
+void Listener::do_accept() {
+  acceptor_.async_accept(asio::make_strand(io_), [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted) return;
+    if (!ec) {
+      socket.set_option(tcp::no_delay(true), ec);
+      std::make_shared<ApiSession>(std::move(socket), self->services_, self->kind_)->run();
+    } else {
+      LOG_WARN("accept: " << ec.message());
+    }
+    self->do_accept();
+  });
+}
+
+}  // namespace kvroute::router

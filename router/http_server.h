@@ -1,0 +1,56 @@
+// kvroute's HTTP front ends: the OpenAI-compatible API listener and the admin listener.
+//
+// One ApiSession per client connection, owned by its pending operations (shared_from_this) and running on
+// its own strand. A routed request is parsed (bounded body), routed by Router, and relayed to the worker
+// through a pooled keep-alive connection: the response head is sent as soon as the worker's arrives and the
+// body is passed on piece by piece as it is read, never buffered whole, so server-sent events stream. When
+// the client goes away mid-request the upstream connection is closed, which cancels the worker's request.
+//
+//   Services svc{config, registry, router, pool, metrics};
+//   auto api = std::make_shared<Listener>(io, endpoint, svc, Listener::Kind::kApi);
+//   api->run();
+#pragma once
+
+#include <memory>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include "backends/upstream.h"
+#include "backends/worker_registry.h"
+#include "router/config.h"
+#include "router/metrics.h"
+#include "router/router.h"
+
+namespace kvroute::router {
+
+struct Services {
+  const Config& config;
+  backends::WorkerRegistry& registry;
+  Router& router;
+  backends::UpstreamPool& pool;
+  RouterMetrics& metrics;
+};
+
+class Listener : public std::enable_shared_from_this<Listener> {
+ public:
+  enum class Kind { kApi, kAdmin };
+  Listener(boost::asio::io_context& io, Services& services, Kind kind);
+  // Binds and listens; an error says which address failed and why.
+  Result<bool> open(const boost::asio::ip::tcp::endpoint& endpoint);
+  void run();
+  void stop();
+  boost::asio::ip::tcp::endpoint local_endpoint() const;
+
+ private:
+  void do_accept();
+  boost::asio::io_context& io_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  Services& services_;
+  Kind kind_;
+};
+
+// HOST:PORT to a TCP endpoint ("0.0.0.0:8080", "[::1]:9090", "localhost:80").
+Result<boost::asio::ip::tcp::endpoint> resolve_listen(const std::string& host_port);
+
+}  // namespace kvroute::router

@@ -1,0 +1,98 @@
+#include "router/metrics.h"
+
+#include <prometheus/text_serializer.h>
+
+namespace kvroute::router {
+
+namespace {
+const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                                 1,     2.5,  5,     10,   30,  60,  120};
+const prometheus::Histogram::BucketBoundaries kDecisionBuckets = {2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4,
+                                                                  2e-4, 5e-4, 1e-3, 5e-3, 1e-2};
+}  // namespace
+
+RouterMetrics::RouterMetrics()
+    : requests_(prometheus::BuildCounter().Name("kvroute_requests_total").Help("Requests routed to each worker").Register(*registry_)),
+      routed_(prometheus::BuildCounter().Name("kvroute_routing_decisions_total").Help("Routing decisions by reason").Register(*registry_)),
+      errors_(prometheus::BuildCounter().Name("kvroute_errors_total").Help("Requests that failed, by kind").Register(*registry_)),
+      prompt_tokens_(prometheus::BuildCounter().Name("kvroute_prompt_tokens_total").Help("Prompt tokens served, as workers report them").Register(*registry_)),
+      predicted_(prometheus::BuildCounter().Name("kvroute_predicted_cached_tokens_total").Help("Prompt tokens the router predicted to be cached on the chosen worker").Register(*registry_)),
+      reported_(prometheus::BuildCounter().Name("kvroute_reported_cached_tokens_total").Help("Cached prompt tokens the workers reported (usage.prompt_tokens_details.cached_tokens)").Register(*registry_)),
+      completion_(prometheus::BuildCounter().Name("kvroute_completion_tokens_total").Help("Completion tokens the workers reported").Register(*registry_)),
+      in_flight_(prometheus::BuildGauge().Name("kvroute_worker_in_flight").Help("Requests in flight per worker").Register(*registry_)),
+      healthy_(prometheus::BuildGauge().Name("kvroute_worker_healthy").Help("1 when the worker passes health checks").Register(*registry_)),
+      kv_usage_(prometheus::BuildGauge().Name("kvroute_worker_kv_usage").Help("KV cache usage the worker last reported (0-1)").Register(*registry_)),
+      precise_(prometheus::BuildGauge().Name("kvroute_worker_precise_mode").Help("1 while the worker's KV event stream is live (precise mode), 0 in approximate mode").Register(*registry_)),
+      ttft_(prometheus::BuildHistogram().Name("kvroute_ttft_seconds").Help("Time to first byte of the response, per worker").Register(*registry_)) {
+  decision_ = &prometheus::BuildHistogram().Name("kvroute_routing_decision_seconds").Help("Time to parse, hash, match and pick").Register(*registry_).Add({}, kDecisionBuckets);
+  duration_ = &prometheus::BuildHistogram().Name("kvroute_request_duration_seconds").Help("End-to-end request duration").Register(*registry_).Add({}, kLatencyBuckets);
+  index_entries_ = &prometheus::BuildGauge().Name("kvroute_index_entries").Help("(block, worker) entries in the prefix index").Register(*registry_).Add({});
+  index_bytes_ = &prometheus::BuildGauge().Name("kvroute_index_bytes").Help("Memory held by the prefix index").Register(*registry_).Add({});
+  sessions_ = &prometheus::BuildGauge().Name("kvroute_sessions").Help("Session bindings held").Register(*registry_).Add({});
+}
+
+void RouterMetrics::add_worker(hashing::WorkerId id, const std::string& name) {
+  const prometheus::Labels l{{"worker", name}};
+  auto s = std::make_shared<WorkerSeries>(WorkerSeries{
+      &requests_.Add(l), &prompt_tokens_.Add(l), &predicted_.Add(l), &reported_.Add(l), &completion_.Add(l),
+      &in_flight_.Add(l), &healthy_.Add(l), &kv_usage_.Add(l), &precise_.Add(l), &ttft_.Add(l, kLatencyBuckets)});
+  s->healthy->Set(1);
+  std::lock_guard lock(mu_);
+  workers_[id] = std::move(s);
+}
+
+void RouterMetrics::remove_worker(hashing::WorkerId id) {
+  std::shared_ptr<WorkerSeries> s;
+  {
+    std::lock_guard lock(mu_);
+    auto it = workers_.find(id);
+    if (it == workers_.end()) return;
+    s = it->second;
+    workers_.erase(it);
+  }
+  requests_.Remove(s->requests);
+  prompt_tokens_.Remove(s->prompt_tokens);
+  predicted_.Remove(s->predicted_cached_tokens);
+  reported_.Remove(s->reported_cached_tokens);
+  completion_.Remove(s->completion_tokens);
+  in_flight_.Remove(s->in_flight);
+  healthy_.Remove(s->healthy);
+  kv_usage_.Remove(s->kv_usage);
+  precise_.Remove(s->precise_mode);
+  ttft_.Remove(s->ttft);
+}
+
+std::shared_ptr<RouterMetrics::WorkerSeries> RouterMetrics::worker(hashing::WorkerId id) const {
+  std::lock_guard lock(mu_);
+  auto it = workers_.find(id);
+  return it == workers_.end() ? nullptr : it->second;
+}
+
+void RouterMetrics::routed(const std::string& reason) {
+  prometheus::Counter* c;
+  {
+    std::lock_guard lock(mu_);
+    auto& slot = reasons_[reason];
+    if (!slot) slot = &routed_.Add({{"reason", reason}});
+    c = slot;
+  }
+  c->Increment();
+}
+
+void RouterMetrics::error(const std::string& kind) {
+  prometheus::Counter* c;
+  {
+    std::lock_guard lock(mu_);
+    auto& slot = error_kinds_[kind];
+    if (!slot) slot = &errors_.Add({{"kind", kind}});
+    c = slot;
+  }
+  c->Increment();
+}
+
+std::string RouterMetrics::serialize() const {
+  prometheus::TextSerializer s;
+  return s.Serialize(registry_->Collect());
+}
+
+}  // namespace kvroute::router

@@ -1,0 +1,85 @@
+// RouterMetrics: kvroute's Prometheus series (served on the admin listener at /metrics).
+//
+// Fleet-wide and per-worker series; a worker's series are created when it is added and removed with it, so a
+// scaled-down fleet leaves no stale labels behind. prometheus-cpp metrics are thread-safe; the per-worker map
+// is guarded by mu_.
+//
+// Hit rate on a dashboard: rate(kvroute_reported_cached_tokens_total) / rate(kvroute_prompt_tokens_total).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "hashing/prefix_index.h"
+
+namespace kvroute::router {
+
+class RouterMetrics {
+ public:
+  struct WorkerSeries {
+    prometheus::Counter* requests;
+    prometheus::Counter* prompt_tokens;
+    prometheus::Counter* predicted_cached_tokens;
+    prometheus::Counter* reported_cached_tokens;
+    prometheus::Counter* completion_tokens;
+    prometheus::Gauge* in_flight;
+    prometheus::Gauge* healthy;
+    prometheus::Gauge* kv_usage;
+    prometheus::Gauge* precise_mode;
+    prometheus::Histogram* ttft;
+  };
+
+  RouterMetrics();
+
+  void add_worker(hashing::WorkerId id, const std::string& name);
+  void remove_worker(hashing::WorkerId id);
+  // Null when the worker is unknown (removed meanwhile).
+  std::shared_ptr<WorkerSeries> worker(hashing::WorkerId id) const;
+
+  void routed(const std::string& reason);
+  void error(const std::string& kind);
+  void decision_seconds(double s) { decision_->Observe(s); }
+  void request_seconds(double s) { duration_->Observe(s); }
+  void set_index(std::size_t entries, std::size_t bytes) {
+    index_entries_->Set(static_cast<double>(entries));
+    index_bytes_->Set(static_cast<double>(bytes));
+  }
+  void set_sessions(std::size_t n) { sessions_->Set(static_cast<double>(n)); }
+
+  std::string serialize() const;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Counter>& routed_;
+  prometheus::Family<prometheus::Counter>& errors_;
+  prometheus::Family<prometheus::Counter>& prompt_tokens_;
+  prometheus::Family<prometheus::Counter>& predicted_;
+  prometheus::Family<prometheus::Counter>& reported_;
+  prometheus::Family<prometheus::Counter>& completion_;
+  prometheus::Family<prometheus::Gauge>& in_flight_;
+  prometheus::Family<prometheus::Gauge>& healthy_;
+  prometheus::Family<prometheus::Gauge>& kv_usage_;
+  prometheus::Family<prometheus::Gauge>& precise_;
+  prometheus::Family<prometheus::Histogram>& ttft_;
+  prometheus::Histogram* decision_;
+  prometheus::Histogram* duration_;
+  prometheus::Gauge* index_entries_;
+  prometheus::Gauge* index_bytes_;
+  prometheus::Gauge* sessions_;
+
+  mutable std::mutex mu_;
+  std::unordered_map<hashing::WorkerId, std::shared_ptr<WorkerSeries>> workers_;  // guarded by mu_
+  std::unordered_map<std::string, prometheus::Counter*> reasons_;                 // guarded by mu_
+  std::unordered_map<std::string, prometheus::Counter*> error_kinds_;             // guarded by mu_
+};
+
+}  // namespace kvroute::router

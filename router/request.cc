@@ -1,0 +1,157 @@
+#include "router/request.h"
+
+#include <boost/json.hpp>
+
+#include "hashing/chat_canonical.h"
+
+namespace kvroute::router {
+
+namespace json = boost::json;
+
+namespace {
+
+constexpr std::size_t kAffinityChars = 100;  // KubeAI PrefixHash hashes the first 100 characters
+
+Error field_error(const std::string& field, const std::string& what, const char* code = "invalid_type") {
+  return make_error("'" + field + "' " + what, 400, "invalid_request_error", code);
+}
+
+// Text of the first user message, for the affinity key.
+std::string first_user_text(const json::array& messages) {
+  for (const auto& m : messages) {
+    const auto* obj = m.if_object();
+    if (!obj) continue;
+    const auto* role = obj->if_contains("role");
+    if (!role || !role->is_string() || role->get_string() != "user") continue;
+    const auto* content = obj->if_contains("content");
+    if (!content) return {};
+    if (content->is_string()) return std::string(content->get_string());
+    if (content->is_array()) {
+      std::string out;
+      for (const auto& p : content->get_array()) {
+        if (const auto* po = p.if_object()) {
+          if (const auto* t = po->if_contains("text"); t && t->is_string()) out += t->get_string();
+        }
+        if (out.size() >= kAffinityChars) break;
+      }
+      return out;
+    }
+    return {};
+  }
+  return {};
+}
+
+Result<bool> read_token_ids(const json::array& arr, std::vector<std::uint32_t>& out, const char* field) {
+  out.reserve(arr.size());
+  for (const auto& v : arr) {
+    if (v.is_int64() && v.get_int64() >= 0 && v.get_int64() <= 0xffffffffll) {
+      out.push_back(static_cast<std::uint32_t>(v.get_int64()));
+    } else if (v.is_uint64() && v.get_uint64() <= 0xffffffffull) {
+      out.push_back(static_cast<std::uint32_t>(v.get_uint64()));
+    } else {
+      return field_error(field, "token ids must be integers from 0 to 4294967295");
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string error_json(const Error& e) {
+  json::object err;
+  err["message"] = e.message;
+  err["type"] = e.type;
+  if (e.code.empty()) err["code"] = nullptr; else err["code"] = e.code;
+  json::object root;
+  root["error"] = std::move(err);
+  return json::serialize(root);
+}
+
+Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, const RequestHeaders& headers,
+                                      const ParseOptions& options) {
+  boost::system::error_code ec;
+  json::value doc = json::parse(body, ec);
+  if (ec) return make_error("request body is not valid JSON: " + ec.message(), 400, "invalid_request_error", "invalid_json");
+  const json::object* obj = doc.if_object();
+  if (!obj) return make_error("request body must be a JSON object", 400, "invalid_request_error", "invalid_json");
+
+  RoutableRequest r;
+  r.endpoint = endpoint;
+  const auto* model = obj->if_contains("model");
+  if (!model) return field_error("model", "is required", "missing_field");
+  if (!model->is_string()) return field_error("model", "must be a string");
+  r.model = model->get_string();
+
+  if (const auto* s = obj->if_contains("stream"); s && !s->is_null()) {
+    if (!s->is_bool()) return field_error("stream", "must be a boolean");
+    r.stream = s->get_bool();
+  }
+  if (const auto* so = obj->if_contains("stream_options"); so && !so->is_null()) {
+    if (!so->is_object()) return field_error("stream_options", "must be an object");
+    if (const auto* iu = so->get_object().if_contains("include_usage"); iu && !iu->is_null()) {
+      if (!iu->is_bool()) return field_error("stream_options.include_usage", "must be a boolean");
+      r.include_usage = iu->get_bool();
+    }
+  }
+  for (const char* f : {"max_tokens", "max_completion_tokens"}) {
+    if (const auto* mt = obj->if_contains(f); mt && !mt->is_null()) {
+      if (mt->is_int64() && mt->get_int64() >= 0 && mt->get_int64() <= 0xffffffffll) {
+        r.max_tokens = static_cast<std::uint32_t>(mt->get_int64());
+      } else {
+        return field_error(f, "must be a non-negative integer");
+      }
+    }
+  }
+
+  r.session_key = std::string(headers.session);
+  if (const auto* user = obj->if_contains("user"); user && !user->is_null()) {
+    if (!user->is_string()) return field_error("user", "must be a string");
+    if (r.session_key.empty()) r.session_key = user->get_string();
+  }
+  r.namespace_salt = std::string(headers.tenant);
+  if (const auto* salt = obj->if_contains("cache_salt"); salt && !salt->is_null()) {
+    if (!salt->is_string()) return field_error("cache_salt", "must be a string");
+    r.namespace_salt += '/';
+    r.namespace_salt += salt->get_string();
+  }
+  const std::uint64_t root = hashing::namespace_root(r.model, r.namespace_salt);
+
+  if (endpoint == Endpoint::kChatCompletions) {
+    const auto* messages = obj->if_contains("messages");
+    if (!messages) return field_error("messages", "is required", "missing_field");
+    if (!messages->is_array()) return field_error("messages", "must be an array");
+    if (messages->get_array().empty()) return field_error("messages", "must not be empty", "invalid_value");
+    auto text = hashing::canonical_chat(*messages, obj->if_contains("tools"));
+    if (!text) return text.error();
+    r.chain = hashing::hash_text(root, *text, options.block_bytes);
+    r.affinity_key = r.model + '\0' + first_user_text(messages->get_array()).substr(0, kAffinityChars);
+  } else {
+    const auto* prompt = obj->if_contains("prompt");
+    if (!prompt) return field_error("prompt", "is required", "missing_field");
+    const json::value* p = prompt;
+    // A batch of prompts routes on its first one: one upstream request serves the whole batch.
+    if (p->is_array() && !p->get_array().empty() &&
+        (p->get_array()[0].is_string() || p->get_array()[0].is_array())) {
+      p = &p->get_array()[0];
+    }
+    if (p->is_string()) {
+      const std::string_view text = p->get_string();
+      r.chain = hashing::hash_text(root, text, options.block_bytes);
+      r.affinity_key = r.model + '\0' + std::string(text.substr(0, kAffinityChars));
+    } else if (p->is_array()) {
+      std::vector<std::uint32_t> tokens;
+      auto ok = read_token_ids(p->get_array(), tokens, "prompt");
+      if (!ok) return ok.error();
+      r.chain = hashing::hash_tokens(root, tokens, options.block_tokens);
+      std::string key = r.model + '\0';
+      for (std::size_t i = 0; i < tokens.size() && i < 25; ++i) key += std::to_string(tokens[i]) + ",";
+      r.affinity_key = std::move(key);
+    } else {
+      return field_error("prompt", "must be a string, an array of token ids, or an array of those");
+    }
+  }
+  r.prompt_tokens = r.chain.estimated_tokens();
+  return r;
+}
+
+}  // namespace kvroute::router

@@ -1,0 +1,49 @@
+// Request parsing: an OpenAI request body to what routing needs (architecture section 2, step "parse").
+//
+// The body is parsed once; the result carries the block chain (docs/hashing.md), the session key, the
+// namespace and what baselines hash. Every error is an OpenAI-shaped 4xx naming the offending field.
+//
+//   auto r = parse_request(Endpoint::kChat, body, {.session = hdr_session, .tenant = hdr_tenant}, opts);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "hashing/block_chain.h"
+#include "util/result.h"
+
+namespace kvroute::router {
+
+enum class Endpoint { kChatCompletions, kCompletions };
+
+struct RequestHeaders {
+  std::string_view session;  // value of the configured session header, if any
+  std::string_view tenant;   // value of the configured tenant header, if any
+};
+
+struct ParseOptions {
+  std::uint32_t block_tokens = hashing::kDefaultBlockTokens;
+  std::uint32_t block_bytes = hashing::kDefaultBlockBytes;
+};
+
+struct RoutableRequest {
+  Endpoint endpoint = Endpoint::kChatCompletions;
+  std::string model;
+  bool stream = false;
+  bool include_usage = false;      // stream_options.include_usage as the client sent it
+  std::uint32_t max_tokens = 0;    // 0: not given
+  std::string session_key;         // header, else the OpenAI `user` field; empty: no session
+  std::string namespace_salt;      // tenant header and/or cache_salt
+  std::string affinity_key;        // model + first 100 characters of the first user message (or prompt)
+  hashing::BlockChain chain;
+  std::uint64_t prompt_tokens = 0; // exact for token-id prompts, estimated for text
+};
+
+Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, const RequestHeaders& headers,
+                                      const ParseOptions& options);
+
+// {"error":{"message":...,"type":...,"code":...}} as OpenAI sends it.
+std::string error_json(const Error& e);
+
+}  // namespace kvroute::router

@@ -1,0 +1,162 @@
+#include "router/router.h"
+
+#include <algorithm>
+
+namespace kvroute::router {
+
+namespace {
+// splitmix64: a stateless mix of the request number into the policy's random draw (reproducible runs).
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+Router::Router(const Config& config, backends::WorkerRegistry& registry,
+               std::unique_ptr<policy::RoutingPolicy> policy, RouterMetrics& metrics)
+    : config_(config), registry_(registry), policy_(std::move(policy)), metrics_(metrics) {
+  registry_.subscribe({
+      [this](const backends::Worker& w) {
+        metrics_.add_worker(w.id(), w.name());
+        index_.set_capacity(w.id(), config_.worker_kv_blocks);
+      },
+      [this](const backends::Worker& w) {
+        index_.clear_worker(w.id());
+        metrics_.remove_worker(w.id());
+        std::lock_guard lock(sessions_mu_);
+        std::erase_if(sessions_, [&](const auto& kv) { return kv.second.worker == w.id(); });
+      },
+  });
+}
+
+Result<Decision> Router::route(const RoutableRequest& request) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto workers = registry_.snapshot();
+  thread_local std::vector<policy::WorkerView> views;
+  thread_local hashing::PrefixIndex::Match match;
+  backends::WorkerRegistry::fill_views(*workers, views);
+  for (auto& v : views) {
+    if (v.capacity_blocks == 0) v.capacity_blocks = index_.capacity(v.id);
+    v.reused_blocks = 0;
+  }
+
+  policy::RoutingContext ctx;
+  ctx.chain = &request.chain;
+  ctx.tokens_per_block = request.chain.tokens_per_block();
+  ctx.prompt_tokens = request.prompt_tokens;
+  ctx.max_tokens = request.max_tokens;
+  ctx.workers = views;
+  ctx.affinity_key = request.affinity_key;
+  ctx.sequence = sequence_.fetch_add(1, std::memory_order_relaxed);
+  ctx.random = mix(ctx.sequence);
+  if (policy_->uses_prefix_match()) {
+    index_.match(request.chain.hashes, match);
+    ctx.match = &match;
+  }
+  if (!request.session_key.empty()) {
+    if (auto bound = session_worker(request.session_key)) {
+      for (std::size_t i = 0; i < views.size(); ++i) {
+        if (views[i].id == *bound) ctx.preferred = i;
+      }
+    }
+  }
+
+  std::optional<policy::Pick> pick = policy_->pick(ctx);
+  if (!pick) {
+    metrics_.error("no_healthy_worker");
+    return make_error(workers->empty() ? "no workers are configured" : "no healthy worker is available to serve the request",
+                      503, "service_unavailable", "no_healthy_worker");
+  }
+  Decision d;
+  d.worker = (*workers)[pick->worker];
+  d.pick = *pick;
+  if (!ctx.match) {
+    // Prefix-blind policies still report what the index predicts, so hit-rate truth is comparable.
+    index_.match(request.chain.hashes, match);
+    ctx.match = &match;
+    d.pick.predicted_cached_tokens = ctx.matched_tokens(pick->worker);
+  }
+  d.prompt_tokens = request.prompt_tokens;
+  d.uncached_tokens = request.prompt_tokens - std::min(request.prompt_tokens, d.pick.predicted_cached_tokens);
+  d.session_key = request.session_key;
+  d.start = t0;
+
+  // Observer: the worker will hold this prefix once it has prefilled it.
+  d.worker->begin(d.uncached_tokens);
+  index_.record(d.worker->id(), request.chain.hashes);
+  if (!request.session_key.empty()) bind_session(request.session_key, d.worker->id());
+  metrics_.routed(std::string(policy::reason_name(d.pick.reason)));
+  if (auto s = metrics_.worker(d.worker->id())) {
+    s->requests->Increment();
+    s->in_flight->Set(d.worker->in_flight());
+    s->predicted_cached_tokens->Increment(static_cast<double>(d.pick.predicted_cached_tokens));
+  }
+  metrics_.decision_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return d;
+}
+
+std::shared_ptr<backends::Worker> Router::any_healthy() const {
+  std::shared_ptr<backends::Worker> best;
+  for (const auto& w : *registry_.snapshot()) {
+    if (w->healthy() && (!best || w->in_flight() < best->in_flight())) best = w;
+  }
+  return best;
+}
+
+void Router::first_byte(Decision& d) {
+  if (d.first_byte_seen) return;
+  d.first_byte_seen = true;
+  const double ttft = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
+  d.worker->first_token(d.uncached_tokens, d.prompt_tokens);
+  if (auto s = metrics_.worker(d.worker->id())) s->ttft->Observe(ttft);
+}
+
+void Router::complete(Decision& d, const Outcome& outcome) {
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
+  d.worker->end(d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
+  metrics_.request_seconds(total);
+  if (!outcome.ok) metrics_.error("upstream");
+  if (auto s = metrics_.worker(d.worker->id())) {
+    s->in_flight->Set(d.worker->in_flight());
+    if (outcome.usage) {
+      s->prompt_tokens->Increment(static_cast<double>(outcome.usage->prompt_tokens));
+      s->reported_cached_tokens->Increment(static_cast<double>(outcome.usage->cached_tokens));
+      s->completion_tokens->Increment(static_cast<double>(outcome.usage->completion_tokens));
+    }
+  }
+  metrics_.set_index(index_.entries(), index_.memory_bytes());
+  metrics_.set_sessions(session_count());
+}
+
+void Router::bind_session(const std::string& key, hashing::WorkerId worker) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(sessions_mu_);
+  sessions_[key] = Binding{worker, now};
+  if (now >= next_sweep_) expire_sessions(now);
+}
+
+void Router::expire_sessions(std::chrono::steady_clock::time_point now) {
+  const auto ttl = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(config_.session_ttl_s));
+  std::erase_if(sessions_, [&](const auto& kv) { return now - kv.second.last_used > ttl; });
+  next_sweep_ = now + std::min<std::chrono::steady_clock::duration>(ttl, std::chrono::seconds(10));
+}
+
+std::optional<hashing::WorkerId> Router::session_worker(const std::string& key) const {
+  const auto now = std::chrono::steady_clock::now();
+  const auto ttl = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(config_.session_ttl_s));
+  std::lock_guard lock(sessions_mu_);
+  auto it = sessions_.find(key);
+  if (it == sessions_.end() || now - it->second.last_used > ttl) return std::nullopt;
+  return it->second.worker;
+}
+
+std::size_t Router::session_count() const {
+  std::lock_guard lock(sessions_mu_);
+  return sessions_.size();
+}
+
+}  // namespace kvroute::router

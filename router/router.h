@@ -1,0 +1,87 @@
+// Router: the decision pipeline of one request (architecture section 2): match, pick, and the observer that
+// updates load, the prefix index, session bindings and metrics when requests start and finish.
+//
+// route() never blocks on I/O. The policy's pick() is pure; only this class writes the index and counters.
+//
+//   auto d = router.route(parsed_request);        // Result<Decision>; 503 when no worker is healthy
+//   ... forward to d->worker ...
+//   router.first_byte(*d, ttft_s);
+//   router.complete(*d, outcome);
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "backends/worker_registry.h"
+#include "hashing/prefix_index.h"
+#include "policy/routing_policy.h"
+#include "router/config.h"
+#include "router/metrics.h"
+#include "router/request.h"
+
+namespace kvroute::router {
+
+struct Decision {
+  std::shared_ptr<backends::Worker> worker;
+  policy::Pick pick;
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t uncached_tokens = 0;
+  std::string session_key;
+  std::chrono::steady_clock::time_point start;
+  bool first_byte_seen = false;
+};
+
+struct Usage {
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t completion_tokens = 0;
+  std::uint64_t cached_tokens = 0;
+};
+
+struct Outcome {
+  bool ok = false;                // upstream answered with 2xx and the exchange completed
+  std::optional<Usage> usage;     // when the response carried usage
+};
+
+class Router {
+ public:
+  Router(const Config& config, backends::WorkerRegistry& registry, std::unique_ptr<policy::RoutingPolicy> policy,
+         RouterMetrics& metrics);
+
+  Result<Decision> route(const RoutableRequest& request);
+  // Any healthy worker, least loaded first (pass-through routes).
+  std::shared_ptr<backends::Worker> any_healthy() const;
+  void first_byte(Decision& d);
+  void complete(Decision& d, const Outcome& outcome);
+
+  hashing::PrefixIndex& index() { return index_; }
+  const policy::RoutingPolicy& policy() const { return *policy_; }
+  std::size_t session_count() const;
+  // The worker a session is bound to, if any (admin and tests).
+  std::optional<hashing::WorkerId> session_worker(const std::string& key) const;
+
+ private:
+  struct Binding {
+    hashing::WorkerId worker;
+    std::chrono::steady_clock::time_point last_used;
+  };
+  void bind_session(const std::string& key, hashing::WorkerId worker);
+  void expire_sessions(std::chrono::steady_clock::time_point now);  // caller holds sessions_mu_
+
+  const Config& config_;
+  backends::WorkerRegistry& registry_;
+  std::unique_ptr<policy::RoutingPolicy> policy_;
+  RouterMetrics& metrics_;
+  hashing::PrefixIndex index_;
+  std::atomic<std::uint64_t> sequence_{0};
+
+  mutable std::mutex sessions_mu_;
+  std::unordered_map<std::string, Binding> sessions_;         // guarded by sessions_mu_
+  std::chrono::steady_clock::time_point next_sweep_;          // guarded by sessions_mu_
+};
+
+}  // namespace kvroute::router
