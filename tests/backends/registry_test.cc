@@ -1,0 +1,74 @@
+#include "backends/worker_registry.h"
+
+#include <gtest/gtest.h>
+
+namespace kvroute::backends {
+namespace {
+
+TEST(WorkerUrl, ParsesAndCanonicalizes) {
+  auto a = parse_worker_url("http://127.0.0.1:8001/");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->host, "127.0.0.1");
+  EXPECT_EQ(a->port, "8001");
+  EXPECT_EQ(a->url, "http://127.0.0.1:8001");
+  auto b = parse_worker_url("[::1]:9000");
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->host, "::1");
+  EXPECT_EQ(b->name, "[::1]:9000");
+  EXPECT_EQ(parse_worker_url("http://h")->port, "80");
+  EXPECT_FALSE(parse_worker_url("https://h:1"));
+  EXPECT_FALSE(parse_worker_url("http://h:1/v1"));
+  EXPECT_FALSE(parse_worker_url("http://:1"));
+  EXPECT_FALSE(parse_worker_url("http://h:0"));
+}
+
+TEST(WorkerRegistry, AddRemoveNotifiesAndReusesIds) {
+  WorkerRegistry reg;
+  std::vector<std::string> events;
+  reg.subscribe({[&](const Worker& w) { events.push_back("+" + w.name()); },
+                 [&](const Worker& w) { events.push_back("-" + w.name()); }});
+  auto a = reg.add(*parse_worker_url("http://a:1"));
+  auto b = reg.add(*parse_worker_url("http://b:1"));
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(*a, 0);
+  EXPECT_EQ(*b, 1);
+  EXPECT_FALSE(reg.add(*parse_worker_url("http://a:1/")));  // duplicate
+  auto before = reg.snapshot();
+  EXPECT_TRUE(reg.remove(*a));
+  EXPECT_FALSE(reg.remove(*a));
+  EXPECT_EQ(before->size(), 2u);  // an old snapshot stays valid
+  EXPECT_EQ(reg.snapshot()->size(), 1u);
+  EXPECT_EQ(*reg.add(*parse_worker_url("http://c:1")), 0);  // the freed id is reused
+  EXPECT_EQ(events, (std::vector<std::string>{"+a:1", "+b:1", "-a:1", "+c:1"}));
+}
+
+TEST(Worker, LoadAccountingBalances) {
+  Worker w(0, *parse_worker_url("http://a:1"));
+  w.begin(100);
+  w.begin(50);
+  auto v = w.view();
+  EXPECT_EQ(v.in_flight, 2u);
+  EXPECT_EQ(v.pending_prefill_tokens, 150u);
+  w.first_token(100, 400);
+  v = w.view();
+  EXPECT_EQ(v.pending_prefill_tokens, 50u);
+  EXPECT_EQ(v.active_decode_tokens, 400u);
+  w.end(true, 100, 400);
+  w.end(false, 50, 70);
+  v = w.view();
+  EXPECT_EQ(v.in_flight, 0u);
+  EXPECT_EQ(v.pending_prefill_tokens, 0u);
+  EXPECT_EQ(v.active_decode_tokens, 0u);
+}
+
+TEST(Worker, LearnsPrefillRate) {
+  Worker w(0, *parse_worker_url("http://a:1"));
+  w.set_prefill_tokens_per_s(10000);
+  for (int i = 0; i < 50; ++i) w.observe_prefill(4000, 0.2);  // 20000 tokens/s observed
+  EXPECT_NEAR(w.prefill_tokens_per_s(), 20000, 50);
+  w.observe_prefill(10, 1.0);  // too short to say anything
+  EXPECT_NEAR(w.prefill_tokens_per_s(), 20000, 50);
+}
+
+}  // namespace
+}  // namespace kvroute::backends

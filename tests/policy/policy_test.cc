@@ -1,0 +1,251 @@
+#include <cmath>
+#include <map>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "policy/policies.h"
+#include "policy/routing_policy.h"
+
+namespace kvroute::policy {
+namespace {
+
+// A hand-built routing situation: n workers, a 1000-token prompt of 10 blocks (100 tokens per block).
+struct Scene {
+  std::vector<WorkerView> workers;
+  hashing::BlockChain chain;
+  hashing::PrefixIndex::Match match;
+  RoutingContext ctx;
+
+  explicit Scene(std::size_t n) {
+    workers.resize(n);
+    for (std::size_t i = 0; i < n; ++i) workers[i].id = static_cast<WorkerId>(i);
+    chain.hashes.assign(10, 0);
+    match.blocks.assign(n, 0);
+    match.cpu_blocks.assign(n, 0);
+  }
+  const RoutingContext& context() {
+    ctx.chain = &chain;
+    ctx.tokens_per_block = 100;
+    ctx.prompt_tokens = 1000;
+    ctx.workers = workers;
+    ctx.match = &match;
+    ctx.affinity_key = "model\0hello";
+    return ctx;
+  }
+};
+
+std::unique_ptr<RoutingPolicy> make(const std::string& name) {
+  auto p = make_policy(name, PolicyOptions{});
+  EXPECT_TRUE(p) << name;
+  return std::move(*p);
+}
+
+TEST(PolicyFactory, AllTenNamesAndAClearErrorForOthers) {
+  EXPECT_EQ(policy_names().size(), 10u);
+  for (const auto& n : policy_names()) {
+    auto p = make_policy(n, PolicyOptions{});
+    ASSERT_TRUE(p) << n;
+    EXPECT_EQ((*p)->name(), n);
+  }
+  auto bad = make_policy("fastest", PolicyOptions{});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("kv_cost"), std::string::npos);
+}
+
+TEST(Policies, EveryPolicySkipsUnhealthyAndReturnsNoneWhenAllAreDown) {
+  for (const auto& n : policy_names()) {
+    auto p = make(n);
+    Scene s(3);
+    s.workers[0].healthy = false;
+    s.workers[2].healthy = false;
+    s.match.blocks = {10, 0, 10};  // the best matches are on unhealthy workers
+    for (std::uint64_t seq = 0; seq < 20; ++seq) {
+      s.ctx.sequence = seq;
+      s.ctx.random = seq * 0x9E3779B97F4A7C15ull;
+      auto pick = p->pick(s.context());
+      ASSERT_TRUE(pick) << n;
+      EXPECT_EQ(pick->worker, 1u) << n;
+    }
+    s.workers[1].healthy = false;
+    EXPECT_FALSE(p->pick(s.context())) << n;
+  }
+}
+
+TEST(RoundRobin, RotatesOverHealthyWorkers) {
+  auto p = make("round_robin");
+  Scene s(3);
+  std::vector<std::size_t> got;
+  for (std::uint64_t seq = 0; seq < 6; ++seq) {
+    s.ctx.sequence = seq;
+    got.push_back(p->pick(s.context())->worker);
+  }
+  EXPECT_EQ(got, (std::vector<std::size_t>{0, 1, 2, 0, 1, 2}));
+}
+
+TEST(LeastRequest, PicksFewestInFlight) {
+  auto p = make("least_request");
+  Scene s(3);
+  s.workers[0].in_flight = 5;
+  s.workers[1].in_flight = 2;
+  s.workers[2].in_flight = 9;
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+}
+
+TEST(PowerOfTwo, TakesTheLighterOfTwoDraws) {
+  auto p = make("power_of_two");
+  Scene s(2);
+  s.workers[0].in_flight = 7;
+  s.workers[1].in_flight = 1;
+  for (std::uint64_t r = 0; r < 10; ++r) {
+    s.ctx.random = r * 0x1234567887654321ull;
+    EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  }
+}
+
+TEST(Random, CoversAllWorkers) {
+  auto p = make("random");
+  Scene s(4);
+  std::set<std::size_t> seen;
+  for (std::uint64_t r = 0; r < 200; ++r) {
+    s.ctx.random = r * 0x9E3779B97F4A7C15ull + 12345;
+    seen.insert(p->pick(s.context())->worker);
+  }
+  EXPECT_EQ(seen.size(), 4u);
+}
+
+TEST(CacheAware, BestMatchAboveThresholdElseLeastLoaded) {
+  auto p = make("cache_aware");
+  Scene s(3);
+  s.match.blocks = {0, 5, 1};  // 50 % match on worker 1
+  s.workers[1].in_flight = 3;
+  auto pick = p->pick(s.context());
+  EXPECT_EQ(pick->worker, 1u);
+  EXPECT_EQ(pick->reason, Reason::kPrefixHit);
+  EXPECT_EQ(pick->predicted_cached_tokens, 500u);
+  s.match.blocks = {0, 2, 1};  // 20 % is below the 0.3 threshold: least loaded
+  s.workers[0].in_flight = 1;
+  s.workers[2].in_flight = 0;
+  EXPECT_EQ(p->pick(s.context())->worker, 2u);
+}
+
+TEST(CacheAware, ImbalanceOverridesTheMatch) {
+  auto p = make("cache_aware");
+  Scene s(2);
+  s.match.blocks = {10, 0};
+  s.workers[0].in_flight = 100;  // 100 - 10 > 64 and 100 > 1.5 x 10
+  s.workers[1].in_flight = 10;
+  auto pick = p->pick(s.context());
+  EXPECT_EQ(pick->worker, 1u);
+  EXPECT_EQ(pick->reason, Reason::kLoadFallback);
+}
+
+TEST(Chwbl, SameKeySameWorkerUntilOverloaded) {
+  auto p = make("chwbl");
+  Scene s(4);
+  const std::size_t first = p->pick(s.context())->worker;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(p->pick(s.context())->worker, first);
+  s.workers[first].in_flight = 10;  // mean load (10+1)/4 -> bound ceil(1.25 * 2.75) = 4
+  EXPECT_NE(p->pick(s.context())->worker, first);
+  // Different keys spread over workers.
+  std::set<std::size_t> seen;
+  s.workers[first].in_flight = 0;
+  std::vector<std::string> keys;
+  for (int k = 0; k < 64; ++k) keys.push_back("m" + std::to_string(k));
+  for (const auto& key : keys) {
+    s.context();
+    s.ctx.affinity_key = key;
+    seen.insert(p->pick(s.ctx)->worker);
+  }
+  EXPECT_EQ(seen.size(), 4u);
+}
+
+TEST(BlockCost, FewestNewBlocksPlusActiveBlocks) {
+  auto p = make("block_cost");
+  Scene s(2);
+  s.match.blocks = {8, 0};                 // worker 0 would prefill 2 blocks, worker 1 all 10
+  s.workers[0].active_decode_tokens = 500;  // +5 active blocks
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  s.workers[0].active_decode_tokens = 1500;  // 2 + 15 > 10 + 0
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+}
+
+TEST(WeightedScorers, PrefixWeighsTwice) {
+  auto p = make("weighted_scorers");
+  Scene s(2);
+  s.match.blocks = {10, 0};
+  s.workers[0].kv_usage = 0.9;
+  s.workers[0].waiting = 4;  // worst queue: queue score 0; kv 0.1; prefix 2 -> 2.1 vs 0 + 1 + 1
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  s.match.blocks = {3, 0};  // 0.6 + 0.1 + 0 < 2
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+}
+
+TEST(E2, ExploitsWhenCachedExceedsUncached) {
+  auto p = make("e2");
+  Scene s(3);
+  s.match.blocks = {6, 7, 0};
+  s.workers[1].in_flight = 4;
+  auto pick = p->pick(s.context());
+  EXPECT_EQ(pick->worker, 0u);  // both hold more than half; 0 is less loaded
+  EXPECT_EQ(pick->reason, Reason::kPrefixHit);
+  s.match.blocks = {4, 0, 0};  // no worker holds more than half: explore by load cost
+  s.workers[0].pending_prefill_tokens = 100000;
+  EXPECT_EQ(p->pick(s.context())->worker, 2u);
+}
+
+TEST(KvCost, PrefersCachedPrefixUntilQueueingCostsMore) {
+  auto p = make("kv_cost");
+  Scene s(2);
+  for (auto& w : s.workers) w.prefill_tokens_per_s = 1000;  // 1 s per 1000 tokens
+  s.match.blocks = {8, 0};
+  auto pick = p->pick(s.context());
+  EXPECT_EQ(pick->worker, 0u);
+  EXPECT_EQ(pick->reason, Reason::kPrefixHit);
+  EXPECT_NEAR(pick->estimate_s, 0.2, 1e-9);  // 200 uncached tokens
+  EXPECT_EQ(pick->predicted_cached_tokens, 800u);
+  s.workers[0].pending_prefill_tokens = 5000;  // 5 s of queued prefill beats a 1 s cold prefill
+  pick = p->pick(s.context());
+  EXPECT_EQ(pick->worker, 1u);
+  EXPECT_EQ(pick->reason, Reason::kLoadFallback);
+}
+
+TEST(KvCost, CpuTierCostsTransferNotRecompute) {
+  auto p = make("kv_cost");
+  Scene s(2);
+  for (auto& w : s.workers) {
+    w.prefill_tokens_per_s = 1000;
+    w.transfer_tokens_per_s = 10000;
+  }
+  s.match.blocks = {10, 10};
+  s.match.cpu_blocks = {10, 0};
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  EXPECT_NEAR(p->estimate(s.context(), 0), 0.1, 1e-9);  // 1000 tokens at 10000/s
+}
+
+TEST(SessionAffinity, KeepsBoundWorkerWithinMarginOnly) {
+  PolicyOptions o;
+  o.session_margin_s = 0.5;
+  auto p = std::move(*make_policy("kv_cost", o));
+  Scene s(2);
+  for (auto& w : s.workers) w.prefill_tokens_per_s = 1000;
+  s.match.blocks = {10, 0};
+  s.context();
+  s.ctx.preferred = 1;  // bound to the cold worker: 1 s vs 0 s > margin
+  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
+  s.match.blocks = {10, 7};  // bound worker now 0.3 s: within margin
+  auto pick = p->pick(s.ctx);
+  EXPECT_EQ(pick->worker, 1u);
+  EXPECT_EQ(pick->reason, Reason::kSession);
+  // Prefix-blind policies keep a healthy bound worker.
+  auto rr = std::move(*make_policy("round_robin", o));
+  for (std::uint64_t seq = 0; seq < 4; ++seq) {
+    s.ctx.sequence = seq;
+    EXPECT_EQ(rr->pick(s.ctx)->worker, 1u);
+  }
+  s.workers[1].healthy = false;  // a bound worker that is down is replaced
+  EXPECT_EQ(rr->pick(s.context())->worker, 0u);
+}
+
+}  // namespace
+}  // namespace kvroute::policy

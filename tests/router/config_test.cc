@@ -1,0 +1,93 @@
+#include "router/config.h"
+
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+namespace kvroute::router {
+namespace {
+
+Result<Config> parse(std::vector<std::string> args) {
+  std::vector<const char*> argv{"kvroute"};
+  for (auto& a : args) argv.push_back(a.c_str());
+  return load_config(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(Config, DefaultsMatchTheDocumentation) {
+  auto c = parse({});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->listen, "0.0.0.0:8080");
+  EXPECT_EQ(c->admin_listen, "127.0.0.1:9090");
+  EXPECT_EQ(c->policy, "kv_cost");
+  EXPECT_EQ(c->session_header, "x-session-id");
+  EXPECT_TRUE(c->workers.empty());
+}
+
+TEST(Config, FlagsInBothForms) {
+  auto c = parse({"--listen", "127.0.0.1:1234", "--policy=round_robin", "--worker", "http://127.0.0.1:8001",
+                  "--worker=http://localhost:8002/", "--session-ttl", "30"});
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->listen, "127.0.0.1:1234");
+  EXPECT_EQ(c->policy, "round_robin");
+  ASSERT_EQ(c->workers.size(), 2u);
+  EXPECT_EQ(c->workers[1].url, "http://localhost:8002");
+  EXPECT_DOUBLE_EQ(c->session_ttl_s, 30);
+}
+
+TEST(Config, YamlFileThenFlagsOverride) {
+  const std::string path = testing::TempDir() + "/kvroute-config-test.yaml";
+  std::ofstream(path) << "policy: cache_aware\nlisten: 127.0.0.1:7000\nworkers:\n  - http://127.0.0.1:9001\n"
+                         "  - url: http://127.0.0.1:9002\n    kv_events: tcp://127.0.0.1:5557\nhealth_interval: 0.5\n";
+  auto c = parse({"--config", path, "--listen", "127.0.0.1:7001"});
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->policy, "cache_aware");
+  EXPECT_EQ(c->listen, "127.0.0.1:7001");
+  ASSERT_EQ(c->workers.size(), 2u);
+  EXPECT_EQ(c->workers[1].kv_events, "tcp://127.0.0.1:5557");
+  EXPECT_DOUBLE_EQ(c->health_interval_s, 0.5);
+  // --worker flags replace the file's list.
+  c = parse({"--config", path, "--worker", "http://127.0.0.1:9009"});
+  ASSERT_TRUE(c);
+  ASSERT_EQ(c->workers.size(), 1u);
+}
+
+TEST(Config, ErrorsNameTheOptionAndValue) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  } cases[] = {
+      {{"--policy", "fastest"}, "unknown policy 'fastest'"},
+      {{"--listen", "8080"}, "--listen: '8080' must be HOST:PORT"},
+      {{"--worker", "ftp://x:1"}, "only http://"},
+      {{"--worker", "http://host:99999"}, "port must be a number"},
+      {{"--threads", "-1"}, "--threads"},
+      {{"--session-ttl", "soon"}, "'soon' is not a number"},
+      {{"--bogus", "1"}, "unknown option --bogus"},
+      {{"--listen"}, "needs a value"},
+      {{"stray"}, "unexpected argument 'stray'"},
+      {{"--config", "/nonexistent/kvroute.yaml"}, "cannot read"},
+  };
+  for (const auto& c : cases) {
+    auto r = parse(c.args);
+    ASSERT_FALSE(r) << c.args[0];
+    EXPECT_NE(r.error().message.find(c.expect), std::string::npos) << r.error().message;
+  }
+}
+
+TEST(Config, YamlErrors) {
+  EXPECT_NE(apply_yaml({}, "policy: [a, b]", "f.yaml").error().message.find("single value"), std::string::npos);
+  EXPECT_NE(apply_yaml({}, "polcy: kv_cost", "f.yaml").error().message.find("unknown option 'polcy'"), std::string::npos);
+  EXPECT_NE(apply_yaml({}, "workers: http://x:1", "f.yaml").error().message.find("must be a list"), std::string::npos);
+  EXPECT_NE(apply_yaml({}, "a: [", "f.yaml").error().message.find("f.yaml"), std::string::npos);
+}
+
+TEST(Config, HelpListsEveryOptionAndPolicy) {
+  const std::string h = help_text();
+  for (const char* s : {"--config", "--listen", "--admin-listen", "--worker", "--policy", "--session-header",
+                        "--health-interval", "kv_cost", "chwbl", "round_robin"}) {
+    EXPECT_NE(h.find(s), std::string::npos) << s;
+  }
+}
+
+}  // namespace
+}  // namespace kvroute::router

@@ -1,0 +1,100 @@
+#include "router/request.h"
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+namespace kvroute::router {
+namespace {
+
+Result<RoutableRequest> chat(const std::string& body, RequestHeaders h = {}) {
+  return parse_request(Endpoint::kChatCompletions, body, h, {});
+}
+Result<RoutableRequest> completion(const std::string& body) {
+  return parse_request(Endpoint::kCompletions, body, {}, {});
+}
+
+TEST(Request, ChatFieldsAndChain) {
+  const std::string sys(400, 's');
+  auto r = chat(R"({"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":7,"user":"u1",
+                   "messages":[{"role":"system","content":")" + sys + R"("},{"role":"user","content":"hello"}]})");
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->model, "m");
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_EQ(r->max_tokens, 7u);
+  EXPECT_EQ(r->session_key, "u1");
+  EXPECT_EQ(r->chain.hashes.size(), (400u + 20) / 64);
+  EXPECT_GT(r->prompt_tokens, 100u);
+  EXPECT_EQ(r->affinity_key, std::string("m") + '\0' + "hello");
+}
+
+TEST(Request, SessionHeaderWinsOverUser) {
+  auto r = chat(R"({"model":"m","user":"u1","messages":[{"role":"user","content":"x"}]})", {"s-9", ""});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->session_key, "s-9");
+}
+
+TEST(Request, CacheSaltAndTenantSeparateNamespaces) {
+  const std::string text(256, 'p');
+  auto a = completion(R"({"model":"m","prompt":")" + text + R"(","cache_salt":"a"})");
+  auto b = completion(R"({"model":"m","prompt":")" + text + R"(","cache_salt":"b"})");
+  auto c = completion(R"({"model":"m","prompt":")" + text + R"("})");
+  ASSERT_TRUE(a && b && c);
+  EXPECT_NE(a->chain.hashes[0], b->chain.hashes[0]);
+  EXPECT_NE(a->chain.hashes[0], c->chain.hashes[0]);
+  auto t1 = parse_request(Endpoint::kCompletions, R"({"model":"m","prompt":")" + text + R"("})", {"", "tenant-1"}, {});
+  ASSERT_TRUE(t1);
+  EXPECT_NE(t1->chain.hashes[0], c->chain.hashes[0]);
+}
+
+TEST(Request, TokenIdPrompts) {
+  std::string ids;
+  for (int i = 0; i < 40; ++i) ids += (i ? "," : "") + std::to_string(i);
+  auto r = completion(R"({"model":"m","prompt":[)" + ids + "]}");
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->chain.unit, hashing::Unit::kToken);
+  EXPECT_EQ(r->chain.hashes.size(), 2u);
+  EXPECT_EQ(r->prompt_tokens, 40u);
+  auto batch = completion(R"({"model":"m","prompt":[[)" + ids + "],[1,2]]}");
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->chain.hashes, r->chain.hashes);
+}
+
+TEST(Request, BadInputGetsFieldNamedErrors) {
+  struct Case {
+    Endpoint ep;
+    std::string body;
+    std::string expect;
+  } cases[] = {
+      {Endpoint::kChatCompletions, "{not json", "not valid JSON"},
+      {Endpoint::kChatCompletions, "[1,2]", "must be a JSON object"},
+      {Endpoint::kChatCompletions, R"({"messages":[]})", "'model' is required"},
+      {Endpoint::kChatCompletions, R"({"model":5,"messages":[]})", "'model' must be a string"},
+      {Endpoint::kChatCompletions, R"({"model":"m"})", "'messages' is required"},
+      {Endpoint::kChatCompletions, R"({"model":"m","messages":"hi"})", "'messages' must be an array"},
+      {Endpoint::kChatCompletions, R"({"model":"m","messages":[]})", "must not be empty"},
+      {Endpoint::kChatCompletions, R"({"model":"m","messages":[{"content":"x"}]})", "messages[0].role"},
+      {Endpoint::kChatCompletions, R"({"model":"m","stream":"yes","messages":[{"role":"user","content":"x"}]})", "'stream' must be a boolean"},
+      {Endpoint::kChatCompletions, R"({"model":"m","max_tokens":-1,"messages":[{"role":"user","content":"x"}]})", "'max_tokens'"},
+      {Endpoint::kCompletions, R"({"model":"m"})", "'prompt' is required"},
+      {Endpoint::kCompletions, R"({"model":"m","prompt":{"a":1}})", "'prompt' must be"},
+      {Endpoint::kCompletions, R"({"model":"m","prompt":[1,-2]})", "token ids"},
+  };
+  for (const auto& c : cases) {
+    auto r = parse_request(c.ep, c.body, {}, {});
+    ASSERT_FALSE(r) << c.body;
+    EXPECT_EQ(r.error().status, 400);
+    EXPECT_NE(r.error().message.find(c.expect), std::string::npos) << r.error().message;
+  }
+}
+
+TEST(Request, ErrorJsonIsOpenAIShaped) {
+  auto v = boost::json::parse(error_json(make_error("bad", 400, "invalid_request_error", "x")));
+  const auto& e = v.at("error").as_object();
+  EXPECT_EQ(e.at("message").as_string(), "bad");
+  EXPECT_EQ(e.at("type").as_string(), "invalid_request_error");
+  EXPECT_EQ(e.at("code").as_string(), "x");
+}
+
+}  // namespace
+}  // namespace kvroute::router
