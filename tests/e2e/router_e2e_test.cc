@@ -1,0 +1,280 @@
+// End-to-end tests of the kvroute daemon in front of real kvroute-sim worker processes on loopback.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+#include "tests/support/harness.h"
+
+namespace kvroute::test {
+namespace {
+
+namespace json = boost::json;
+using namespace std::chrono_literals;
+
+std::uint64_t cached_tokens(const std::string& body) {
+  auto v = json::parse(body);
+  return v.at("usage").at("prompt_tokens_details").at("cached_tokens").to_number<std::uint64_t>();
+}
+
+std::string assistant_text(const std::string& body) {
+  auto v = json::parse(body);
+  return std::string(v.at("choices").at(0).at("message").at("content").as_string());
+}
+
+std::string chat_body(const json::array& messages, int max_tokens, bool stream = false) {
+  json::object o;
+  o["model"] = "qwen3-8b";
+  o["messages"] = messages;
+  o["max_tokens"] = max_tokens;
+  if (stream) o["stream"] = true;
+  return json::serialize(o);
+}
+
+// A fleet: `n` kvroute-sim workers (one process each, so one can be killed) behind one kvroute.
+class Fleet {
+ public:
+  explicit Fleet(int n, std::vector<std::string> router_args = {}, double speed = 20) : n_(n), speed_(speed) {
+    sim_base_ = free_ports(n);
+    for (int i = 0; i < n; ++i) start_worker(i);
+    for (int i = 0; i < n; ++i) EXPECT_TRUE(wait_http(sim_base_ + i, "/health", 10s)) << "worker " << i;
+    api_ = free_port();
+    admin_ = free_port();
+    std::vector<std::string> argv{bin("kvroute"),          "--listen",        "127.0.0.1:" + std::to_string(api_),
+                                  "--admin-listen",        "127.0.0.1:" + std::to_string(admin_),
+                                  "--health-interval",     "0.2",
+                                  "--health-timeout",      "0.5",
+                                  "--unhealthy-threshold", "2",
+                                  "--healthy-threshold",   "1"};
+    for (int i = 0; i < n; ++i) {
+      argv.push_back("--worker");
+      argv.push_back("http://127.0.0.1:" + std::to_string(sim_base_ + i));
+    }
+    argv.insert(argv.end(), router_args.begin(), router_args.end());
+    router_ = Process::start(argv, testing::TempDir() + "/kvroute-e2e-router.log");
+    EXPECT_TRUE(wait_http(api_, "/health", 10s));
+  }
+
+  void start_worker(int i) {
+    workers_.resize(n_);
+    workers_[i] = Process::start({bin("kvroute-sim"), "--port", std::to_string(sim_base_ + i), "--speed",
+                                  std::to_string(speed_), "--num-gpu-blocks", "4096"},
+                                 testing::TempDir() + "/kvroute-e2e-sim.log");
+  }
+  void kill_worker(int i) { workers_[i].kill_now(); }
+
+  std::string worker_name(int i) const { return "127.0.0.1:" + std::to_string(sim_base_ + i); }
+  int api() const { return api_; }
+  int admin() const { return admin_; }
+  int worker_port(int i) const { return sim_base_ + i; }
+
+ private:
+  int n_;
+  double speed_;
+  int sim_base_ = 0, api_ = 0, admin_ = 0;
+  std::vector<Process> workers_;
+  Process router_;
+};
+
+// (a) A five-turn conversation stays on one worker and its cached prefix grows every turn.
+TEST(RouterE2E, MultiTurnConversationStaysWarm) {
+  Fleet fleet(3);
+  json::array messages;
+  messages.push_back(json::object{{"role", "system"}, {"content", std::string(1500, 'S') + " you are a helpful assistant"}});
+  std::string worker;
+  std::uint64_t last_cached = 0;
+  for (int turn = 0; turn < 5; ++turn) {
+    messages.push_back(json::object{{"role", "user"}, {"content", "question number " + std::to_string(turn) +
+                                                                      " about the history of prefix caching"}});
+    auto r = http(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 16));
+    ASSERT_EQ(r.status, 200) << r.body << r.error;
+    const std::string served_by = r.header("x-kvroute-worker");
+    ASSERT_FALSE(served_by.empty());
+    if (turn == 0) worker = served_by;
+    EXPECT_EQ(served_by, worker) << "turn " << turn;
+    const std::uint64_t cached = cached_tokens(r.body);
+    if (turn > 0) EXPECT_GT(cached, last_cached) << "turn " << turn;
+    last_cached = cached;
+    messages.push_back(json::object{{"role", "assistant"}, {"content", assistant_text(r.body)}});
+  }
+  EXPECT_GT(last_cached, 400u);
+}
+
+// (b) 50 distinct long prefixes, 4 requests each: each prefix sticks to one worker, and every worker works.
+TEST(RouterE2E, DistinctPrefixesStickAndSpread) {
+  Fleet fleet(3);
+  std::map<int, std::set<std::string>> where;
+  std::map<std::string, int> per_worker;
+  for (int round = 0; round < 4; ++round) {
+    for (int p = 0; p < 50; ++p) {
+      std::string prefix = "document " + std::to_string(p) + ": ";
+      for (int k = 0; k < 60; ++k) prefix += "token" + std::to_string((p * 7919 + k * 31) % 1000) + " ";
+      json::object body{{"model", "qwen3-8b"},
+                        {"prompt", prefix + " question " + std::to_string(round)},
+                        {"max_tokens", 2}};
+      auto r = http(fleet.api(), "POST", "/v1/completions", json::serialize(body));
+      ASSERT_EQ(r.status, 200) << r.body << r.error;
+      where[p].insert(r.header("x-kvroute-worker"));
+      ++per_worker[r.header("x-kvroute-worker")];
+      if (round > 0) EXPECT_GT(cached_tokens(r.body), 100u) << "prefix " << p << " round " << round;
+    }
+  }
+  for (const auto& [p, workers] : where) EXPECT_EQ(workers.size(), 1u) << "prefix " << p;
+  EXPECT_EQ(per_worker.size(), 3u);
+  for (const auto& [w, n] : per_worker) EXPECT_GE(n, 20) << w;
+}
+
+// (c) A streamed response arrives incrementally and is byte-identical to the worker's own answer.
+TEST(RouterE2E, StreamingIsIncrementalAndByteIdentical) {
+  Fleet fleet(3, {}, /*speed=*/1);
+  json::array messages;
+  messages.push_back(json::object{{"role", "user"}, {"content", "Tell me a long story about routers."}});
+  const std::string body = chat_body(messages, 40, /*stream=*/true);
+  std::vector<std::chrono::steady_clock::time_point> arrivals;
+  auto routed = http_stream(fleet.api(), "POST", "/v1/chat/completions", body, {{"x-request-id", "stream-test-1"}},
+                            [&](const std::string&, auto t) { arrivals.push_back(t); });
+  ASSERT_EQ(routed.status, 200) << routed.error;
+  EXPECT_NE(routed.header("content-type").find("text/event-stream"), std::string::npos);
+  ASSERT_GE(arrivals.size(), 5u);
+  // 40 tokens at real speed take a few hundred ms to decode: the first piece must come well before the last.
+  EXPECT_GT(arrivals.back() - arrivals.front(), 150ms);
+  EXPECT_NE(routed.body.find("data: [DONE]"), std::string::npos);
+
+  const std::string served_by = routed.header("x-kvroute-worker");
+  int port = 0;
+  for (int i = 0; i < 3; ++i) {
+    if (fleet.worker_name(i) == served_by) {
+      port = fleet.worker_port(i);
+    }
+  }
+  ASSERT_NE(port, 0);
+  auto direct = http(port, "POST", "/v1/chat/completions", body, {{"x-request-id", "stream-test-1"}});
+  ASSERT_EQ(direct.status, 200);
+  EXPECT_EQ(routed.body, direct.body);
+}
+
+// (d) The official openai npm client works through kvroute unchanged, streaming and not.
+TEST(RouterE2E, OpenAINodeClient) {
+  const std::string dir = source_dir() + "/tests/e2e";
+  ASSERT_EQ(std::system(("test -d " + dir + "/node_modules/openai").c_str()), 0)
+      << "run `npm ci` in tests/e2e first (.ci/run does)";
+  Fleet fleet(3);
+  const std::string cmd = "node " + dir + "/openai_router.mjs http://127.0.0.1:" + std::to_string(fleet.api()) +
+                          "/v1 > " + testing::TempDir() + "/openai-router.log 2>&1";
+  const int rc = std::system(cmd.c_str());
+  EXPECT_EQ(rc, 0) << "see " << testing::TempDir() << "/openai-router.log";
+}
+
+// (e) A killed worker leaves rotation within the health-check window and returns after it restarts.
+TEST(RouterE2E, KilledWorkerLeavesAndReturns) {
+  Fleet fleet(3);
+  auto spread = [&](int count, const std::string& tag) {
+    std::map<std::string, int> seen;
+    for (int i = 0; i < count; ++i) {
+      json::object body{{"model", "qwen3-8b"},
+                        {"prompt", tag + " distinct prompt " + std::to_string(i) + std::string(200, 'x')},
+                        {"max_tokens", 1}};
+      auto r = http(fleet.api(), "POST", "/v1/completions", json::serialize(body));
+      EXPECT_EQ(r.status, 200) << r.body << r.error;
+      ++seen[r.header("x-kvroute-worker")];
+    }
+    return seen;
+  };
+  EXPECT_EQ(spread(12, "before").size(), 3u);
+  fleet.kill_worker(1);
+  std::this_thread::sleep_for(1500ms);  // 2 failed checks at 0.2 s intervals, with margin for a loaded machine
+  auto during = spread(15, "during");
+  EXPECT_EQ(during.count(fleet.worker_name(1)), 0u);
+  fleet.start_worker(1);
+  ASSERT_TRUE(wait_http(fleet.worker_port(1), "/health", 10s));
+  std::this_thread::sleep_for(1000ms);
+  auto after = spread(15, "after");
+  EXPECT_GT(after[fleet.worker_name(1)], 0);
+}
+
+TEST(RouterE2E, SessionHeaderBindsToOneWorker) {
+  Fleet fleet(3, {"--policy", "round_robin"});
+  std::set<std::string> seen;
+  for (int i = 0; i < 6; ++i) {
+    json::object body{{"model", "qwen3-8b"}, {"prompt", "unrelated prompt " + std::to_string(i)}, {"max_tokens", 1}};
+    auto r = http(fleet.api(), "POST", "/v1/completions", json::serialize(body), {{"x-session-id", "alice"}});
+    ASSERT_EQ(r.status, 200);
+    seen.insert(r.header("x-kvroute-worker"));
+  }
+  EXPECT_EQ(seen.size(), 1u);
+}
+
+TEST(RouterE2E, BadInputGetsClearErrorsAndServingContinues) {
+  Fleet fleet(2, {"--max-body-bytes", "4096"});
+  auto expect_error = [](const HttpResponse& r, int status, const std::string& text) {
+    EXPECT_EQ(r.status, status) << r.body;
+    boost::system::error_code ec;
+    auto v = json::parse(r.body, ec);
+    ASSERT_FALSE(ec) << r.body;
+    const auto& e = v.at("error").as_object();
+    EXPECT_TRUE(e.contains("message") && e.contains("type") && e.contains("code")) << r.body;
+    EXPECT_NE(std::string(e.at("message").as_string()).find(text), std::string::npos) << r.body;
+  };
+  expect_error(http(fleet.api(), "POST", "/v1/chat/completions", "{\"model\": \"m\", "), 400, "not valid JSON");
+  expect_error(http(fleet.api(), "POST", "/v1/chat/completions", R"({"model":"m"})"), 400, "'messages' is required");
+  expect_error(http(fleet.api(), "POST", "/v1/completions", R"({"model":"m","prompt":7})"), 400, "'prompt' must be");
+  expect_error(http(fleet.api(), "POST", "/v1/completions", R"({"model":"m","prompt":")" + std::string(10000, 'a') + "\"}"),
+               413, "exceeds the limit of 4096 bytes");
+  expect_error(http(fleet.api(), "GET", "/v2/everything"), 404, "no route");
+  expect_error(http(fleet.api(), "GET", "/v1/chat/completions"), 405, "not allowed");
+  const std::string garbage = raw_exchange(fleet.api(), "THIS IS NOT HTTP\r\n\r\n");
+  EXPECT_NE(garbage.find("400"), std::string::npos) << garbage;
+  // A worker's own error passes through unchanged (the simulated worker, like vLLM, rejects unknown models).
+  auto direct = http(fleet.worker_port(0), "POST", "/v1/completions", R"({"model":"no-such-model","prompt":"hi"})");
+  auto routed = http(fleet.api(), "POST", "/v1/completions", R"({"model":"no-such-model","prompt":"hi"})");
+  EXPECT_EQ(routed.status, direct.status);
+  EXPECT_EQ(routed.status, 404);
+  EXPECT_EQ(routed.body, direct.body);
+  // Still serving.
+  auto ok = http(fleet.api(), "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"hello","max_tokens":2})");
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_FALSE(ok.header("x-request-id").empty());
+  auto echoed = http(fleet.api(), "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"hello","max_tokens":2})",
+                     {{"x-request-id", "abc-123"}});
+  EXPECT_EQ(echoed.header("x-request-id"), "abc-123");
+}
+
+TEST(RouterE2E, NoHealthyWorkerIs503) {
+  const int dead = free_port();  // nothing listens here
+  const int api = free_port(), admin = free_port();
+  Process router = Process::start({bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
+                                   "127.0.0.1:" + std::to_string(admin), "--worker",
+                                   "http://127.0.0.1:" + std::to_string(dead), "--health-interval", "0.1",
+                                   "--unhealthy-threshold", "1"});
+  ASSERT_TRUE(wait_http(api, "/health", 10s));
+  std::this_thread::sleep_for(500ms);
+  auto r = http(api, "POST", "/v1/completions", R"({"model":"m","prompt":"hello"})");
+  EXPECT_EQ(r.status, 503);
+  EXPECT_NE(r.body.find("no healthy worker"), std::string::npos) << r.body;
+  EXPECT_EQ(http(api, "GET", "/ready").status, 503);
+}
+
+TEST(RouterE2E, ModelsMergedAndAdminEndpoints) {
+  Fleet fleet(2);
+  auto models = http(fleet.api(), "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200);
+  auto v = json::parse(models.body);
+  EXPECT_EQ(v.at("data").as_array().size(), 1u);  // both workers serve the same model: listed once
+  EXPECT_EQ(http(fleet.api(), "GET", "/ready").status, 200);
+  auto workers = http(fleet.admin(), "GET", "/admin/workers");
+  ASSERT_EQ(workers.status, 200);
+  EXPECT_EQ(json::parse(workers.body).at("workers").as_array().size(), 2u);
+  auto metrics = http(fleet.admin(), "GET", "/metrics");
+  ASSERT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find("kvroute_requests_total"), std::string::npos);
+  EXPECT_NE(metrics.body.find("kvroute_worker_healthy{worker=\"" + fleet.worker_name(0) + "\"} 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvroute::test
