@@ -98,6 +98,37 @@ std::optional<Usage> find_usage(std::string_view tail) {
   return std::nullopt;
 }
 
+// An SSE event that carries only usage: the extra event a router-requested include_usage produces.
+bool is_usage_only_event(std::string_view event) {
+  if (event.find("\"usage\"") == std::string_view::npos) return false;
+  const auto data = event.find("data:");
+  if (data == std::string_view::npos) return false;
+  boost::system::error_code ec;
+  json::value v = json::parse(event.substr(data + 5), ec);
+  if (ec || !v.is_object()) return false;
+  const auto* choices = v.get_object().if_contains("choices");
+  const auto* usage = v.get_object().if_contains("usage");
+  return choices && choices->is_array() && choices->get_array().empty() && usage && usage->is_object();
+}
+
+// Moves every complete event ("\n\n"-terminated) from `pending` to `out`, dropping usage-only events. At the
+// end of the stream whatever remains is passed on as it is.
+void take_complete_events(std::string& pending, std::string& out, bool last) {
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t end = pending.find("\n\n", start);
+    if (end == std::string::npos) break;
+    const std::string_view event(pending.data() + start, end + 2 - start);
+    if (!is_usage_only_event(event)) out.append(event);
+    start = end + 2;
+  }
+  pending.erase(0, start);
+  if (last) {
+    out.append(pending);
+    pending.clear();
+  }
+}
+
 template <class Body>
 void common_headers(http::response<Body>& res, const std::string& request_id) {
   res.set(http::field::server, "kvroute");
@@ -178,6 +209,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       auto worker = svc_.router.any_healthy();
       if (!worker) return send_error(make_error("no healthy worker is available", 503, "service_unavailable", "no_healthy_worker"));
       decision_.reset();
+      strip_usage_ = false;
+      up_body_.clear();
       return forward(std::move(worker));
     }
     send_error(make_error("no route for " + std::string(req_.method_string()) + " " + std::string(path), 404,
@@ -197,6 +230,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (!decision) return send_error(decision.error());
     decision_ = std::move(*decision);
     decision_->start = t0;
+    strip_usage_ = parsed->strip_usage;
+    up_body_ = std::move(parsed->upstream_body);
     LOG_DEBUG("request " << request_id_ << " -> " << decision_->worker->name() << " ("
               << policy::reason_name(decision_->pick.reason) << ", predicted cached "
               << decision_->pick.predicted_cached_tokens << "/" << decision_->prompt_tokens << ")");
@@ -216,7 +251,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     up_req_.set(http::field::host, worker_->endpoint().name);
     up_req_.set("x-request-id", request_id_);
     up_req_.keep_alive(true);
-    up_req_.body() = req_.body();
+    up_req_.body() = up_body_.empty() ? req_.body() : up_body_;
     up_req_.prepare_payload();
     acquire(false);
   }
@@ -262,7 +297,11 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     }
     common_headers(down_res_, request_id_);
     if (svc_.config.worker_header) down_res_.set("x-kvroute-worker", worker_->name());
-    if (auto len = up_parser_->content_length()) {
+    strip_active_ = strip_usage_ && up[http::field::content_type].find("text/event-stream") != std::string_view::npos;
+    sse_.clear();
+    if (strip_active_) {
+      down_res_.chunked(true);  // the body shrinks by the removed event
+    } else if (auto len = up_parser_->content_length()) {
       down_res_.content_length(*len);
     } else if (up_parser_->is_done() || up.result_int() == 204 || up.result_int() == 304) {
       down_res_.content_length(0);
@@ -301,14 +340,22 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   void relay_piece(std::size_t got, bool last) {
+    const char* data = relay_.data();
+    std::size_t size = got;
     if (got > 0) {
       if (decision_) svc_.router.first_byte(*decision_);
       keep_tail(std::string_view(relay_.data(), got));
-    } else if (!last) {
-      return read_upstream_body();
     }
-    down_res_.body().data = got ? relay_.data() : nullptr;
-    down_res_.body().size = got;
+    if (strip_active_) {
+      sse_.append(relay_.data(), got);
+      out_.clear();
+      take_complete_events(sse_, out_, last);
+      data = out_.data();
+      size = out_.size();
+    }
+    if (size == 0 && !last) return read_upstream_body();
+    down_res_.body().data = size ? const_cast<char*>(data) : nullptr;
+    down_res_.body().size = size;
     down_res_.body().more = !last;
     http::async_write(stream_, *down_sr_, beast::bind_front_handler(&ApiSession::on_down_written, shared_from_this()));
   }
@@ -577,6 +624,11 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   std::optional<http::response_serializer<http::buffer_body>> down_sr_;
   std::array<char, kRelayChunk> relay_{};
   std::string tail_;
+  bool strip_usage_ = false;   // this request's usage event was added by the router
+  bool strip_active_ = false;  // ... and the response is an event stream to remove it from
+  std::string up_body_;        // rewritten upstream body, when not empty
+  std::string sse_;            // bytes of an incomplete event (strip mode)
+  std::string out_;            // events to send on (strip mode)
   unsigned status_ = 0;
   bool responding_ = false;
   std::uint64_t generation_ = 0;

@@ -18,6 +18,7 @@ RouterMetrics::RouterMetrics()
       prompt_tokens_(prometheus::BuildCounter().Name("kvroute_prompt_tokens_total").Help("Prompt tokens served, as workers report them").Register(*registry_)),
       predicted_(prometheus::BuildCounter().Name("kvroute_predicted_cached_tokens_total").Help("Prompt tokens the router predicted to be cached on the chosen worker").Register(*registry_)),
       reported_(prometheus::BuildCounter().Name("kvroute_reported_cached_tokens_total").Help("Cached prompt tokens the workers reported (usage.prompt_tokens_details.cached_tokens)").Register(*registry_)),
+      confirmed_(prometheus::BuildCounter().Name("kvroute_confirmed_cached_tokens_total").Help("Per request, min(predicted, reported) cached tokens: predictions the worker confirmed").Register(*registry_)),
       completion_(prometheus::BuildCounter().Name("kvroute_completion_tokens_total").Help("Completion tokens the workers reported").Register(*registry_)),
       in_flight_(prometheus::BuildGauge().Name("kvroute_worker_in_flight").Help("Requests in flight per worker").Register(*registry_)),
       healthy_(prometheus::BuildGauge().Name("kvroute_worker_healthy").Help("1 when the worker passes health checks").Register(*registry_)),
@@ -34,7 +35,7 @@ RouterMetrics::RouterMetrics()
 void RouterMetrics::add_worker(hashing::WorkerId id, const std::string& name) {
   const prometheus::Labels l{{"worker", name}};
   auto s = std::make_shared<WorkerSeries>(WorkerSeries{
-      &requests_.Add(l), &prompt_tokens_.Add(l), &predicted_.Add(l), &reported_.Add(l), &completion_.Add(l),
+      &requests_.Add(l), &prompt_tokens_.Add(l), &predicted_.Add(l), &reported_.Add(l), &confirmed_.Add(l), &completion_.Add(l),
       &in_flight_.Add(l), &healthy_.Add(l), &kv_usage_.Add(l), &precise_.Add(l), &ttft_.Add(l, kLatencyBuckets)});
   s->healthy->Set(1);
   std::lock_guard lock(mu_);
@@ -54,6 +55,7 @@ void RouterMetrics::remove_worker(hashing::WorkerId id) {
   prompt_tokens_.Remove(s->prompt_tokens);
   predicted_.Remove(s->predicted_cached_tokens);
   reported_.Remove(s->reported_cached_tokens);
+  confirmed_.Remove(s->confirmed_cached_tokens);
   completion_.Remove(s->completion_tokens);
   in_flight_.Remove(s->in_flight);
   healthy_.Remove(s->healthy);

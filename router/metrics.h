@@ -5,6 +5,9 @@
 // is guarded by mu_.
 //
 // Hit rate on a dashboard: rate(kvroute_reported_cached_tokens_total) / rate(kvroute_prompt_tokens_total).
+// Prediction truth: confirmed / reported is the share of real hits the router foresaw (recall), and
+// 1 - confirmed / predicted the share of predicted hits that were not there; confirmed counts, per request,
+// min(predicted, reported) cached tokens.
 #pragma once
 
 #include <memory>
@@ -29,6 +32,7 @@ class RouterMetrics {
     prometheus::Counter* prompt_tokens;
     prometheus::Counter* predicted_cached_tokens;
     prometheus::Counter* reported_cached_tokens;
+    prometheus::Counter* confirmed_cached_tokens;
     prometheus::Counter* completion_tokens;
     prometheus::Gauge* in_flight;
     prometheus::Gauge* healthy;
@@ -64,6 +68,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>& prompt_tokens_;
   prometheus::Family<prometheus::Counter>& predicted_;
   prometheus::Family<prometheus::Counter>& reported_;
+  prometheus::Family<prometheus::Counter>& confirmed_;
   prometheus::Family<prometheus::Counter>& completion_;
   prometheus::Family<prometheus::Gauge>& in_flight_;
   prometheus::Family<prometheus::Gauge>& healthy_;

@@ -151,6 +151,15 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
     }
   }
   r.prompt_tokens = r.chain.estimated_tokens();
+  if (r.stream && !r.include_usage) {
+    // Usage feeds the router's truth metrics and learning; the client still gets the stream it asked for.
+    json::object& o = doc.as_object();
+    json::value& so = o["stream_options"];
+    if (!so.is_object()) so = json::object();
+    so.as_object()["include_usage"] = true;
+    r.upstream_body = json::serialize(doc);
+    r.strip_usage = true;
+  }
   return r;
 }
 

@@ -38,6 +38,10 @@ struct RoutableRequest {
   std::string affinity_key;        // model + first 100 characters of the first user message (or prompt)
   hashing::BlockChain chain;
   std::uint64_t prompt_tokens = 0; // exact for token-id prompts, estimated for text
+  // A streamed request whose client did not ask for usage: the router asks the worker for it anyway
+  // (upstream_body is the rewritten body) and removes the extra usage event from what the client receives.
+  bool strip_usage = false;
+  std::string upstream_body;       // empty: forward the client's body unchanged
 };
 
 Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, const RequestHeaders& headers,

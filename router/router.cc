@@ -82,6 +82,8 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   d.uncached_tokens = request.prompt_tokens - std::min(request.prompt_tokens, d.pick.predicted_cached_tokens);
   d.session_key = request.session_key;
   d.start = t0;
+  d.streamed = request.stream;
+  d.worker_was_idle = views[pick->worker].in_flight == 0;
 
   // Observer: the worker will hold this prefix once it has prefilled it.
   d.worker->begin(d.uncached_tokens);
@@ -108,9 +110,9 @@ std::shared_ptr<backends::Worker> Router::any_healthy() const {
 void Router::first_byte(Decision& d) {
   if (d.first_byte_seen) return;
   d.first_byte_seen = true;
-  const double ttft = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
+  d.ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
   d.worker->first_token(d.uncached_tokens, d.prompt_tokens);
-  if (auto s = metrics_.worker(d.worker->id())) s->ttft->Observe(ttft);
+  if (auto s = metrics_.worker(d.worker->id())) s->ttft->Observe(d.ttft_s);
 }
 
 void Router::complete(Decision& d, const Outcome& outcome) {
@@ -118,12 +120,19 @@ void Router::complete(Decision& d, const Outcome& outcome) {
   d.worker->end(d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
   metrics_.request_seconds(total);
   if (!outcome.ok) metrics_.error("upstream");
+  if (outcome.ok && outcome.usage && d.streamed && d.worker_was_idle && d.first_byte_seen) {
+    // Learn the prefill rate only from requests nothing was queued ahead of, so TTFT is prefill time.
+    const auto& u = *outcome.usage;
+    d.worker->observe_prefill(u.prompt_tokens - std::min(u.prompt_tokens, u.cached_tokens), d.ttft_s);
+  }
   if (auto s = metrics_.worker(d.worker->id())) {
     s->in_flight->Set(d.worker->in_flight());
     if (outcome.usage) {
-      s->prompt_tokens->Increment(static_cast<double>(outcome.usage->prompt_tokens));
-      s->reported_cached_tokens->Increment(static_cast<double>(outcome.usage->cached_tokens));
-      s->completion_tokens->Increment(static_cast<double>(outcome.usage->completion_tokens));
+      const auto& u = *outcome.usage;
+      s->prompt_tokens->Increment(static_cast<double>(u.prompt_tokens));
+      s->reported_cached_tokens->Increment(static_cast<double>(u.cached_tokens));
+      s->confirmed_cached_tokens->Increment(static_cast<double>(std::min(u.cached_tokens, d.pick.predicted_cached_tokens)));
+      s->completion_tokens->Increment(static_cast<double>(u.completion_tokens));
     }
   }
   metrics_.set_index(index_.entries(), index_.memory_bytes());

@@ -34,6 +34,9 @@ struct Decision {
   std::string session_key;
   std::chrono::steady_clock::time_point start;
   bool first_byte_seen = false;
+  double ttft_s = 0;
+  bool streamed = false;           // the first byte is the first token (server-sent events)
+  bool worker_was_idle = false;    // nothing queued ahead: TTFT measures prefill alone
 };
 
 struct Usage {

@@ -99,7 +99,9 @@ TEST(RouterE2E, MultiTurnConversationStaysWarm) {
     if (turn == 0) worker = served_by;
     EXPECT_EQ(served_by, worker) << "turn " << turn;
     const std::uint64_t cached = cached_tokens(r.body);
-    if (turn > 0) EXPECT_GT(cached, last_cached) << "turn " << turn;
+    if (turn > 0) {
+      EXPECT_GT(cached, last_cached) << "turn " << turn;
+    }
     last_cached = cached;
     messages.push_back(json::object{{"role", "assistant"}, {"content", assistant_text(r.body)}});
   }
@@ -122,7 +124,9 @@ TEST(RouterE2E, DistinctPrefixesStickAndSpread) {
       ASSERT_EQ(r.status, 200) << r.body << r.error;
       where[p].insert(r.header("x-kvroute-worker"));
       ++per_worker[r.header("x-kvroute-worker")];
-      if (round > 0) EXPECT_GT(cached_tokens(r.body), 100u) << "prefix " << p << " round " << round;
+      if (round > 0) {
+        EXPECT_GT(cached_tokens(r.body), 100u) << "prefix " << p << " round " << round;
+      }
     }
   }
   for (const auto& [p, workers] : where) EXPECT_EQ(workers.size(), 1u) << "prefix " << p;
