@@ -1,6 +1,7 @@
 #include "hashing/prefix_index.h"
 
 #include <algorithm>
+#include <bit>
 #include <mutex>
 
 namespace kvroute::hashing {
@@ -13,8 +14,7 @@ constexpr double kMaxLoad = 0.75;
 
 PrefixIndex::PrefixIndex() {
   table_bits_ = kInitialBits;
-  keys_.assign(std::size_t{1} << table_bits_, 0);
-  heads_.assign(std::size_t{1} << table_bits_, kNil);
+  slots_.assign(std::size_t{1} << table_bits_, Slot{{0, 0}, {0, 0}, kNil});
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -25,66 +25,55 @@ std::size_t PrefixIndex::slot_of(BlockHash h) const {
   return static_cast<std::size_t>((h * 0x9E3779B97F4A7C15ull) >> (64 - table_bits_));
 }
 
-const std::uint32_t* PrefixIndex::find_head(BlockHash h) const {
-  const std::size_t mask = keys_.size() - 1;
+std::size_t PrefixIndex::find_slot(BlockHash h) const {
+  const std::size_t mask = slots_.size() - 1;
   for (std::size_t i = slot_of(h);; i = (i + 1) & mask) {
-    if (heads_[i] == kNil) return nullptr;
-    if (keys_[i] == h) return &heads_[i];
+    const Slot& s = slots_[i];
+    if (s.head == kNil) return kNoSlot;
+    if (s.key() == h) return i;
   }
 }
 
-std::uint32_t* PrefixIndex::find_head(BlockHash h) {
-  return const_cast<std::uint32_t*>(static_cast<const PrefixIndex*>(this)->find_head(h));
-}
-
-std::uint32_t& PrefixIndex::insert_head(BlockHash h) {
-  if (static_cast<double>(used_slots_ + 1) > kMaxLoad * static_cast<double>(keys_.size())) grow_table();
-  const std::size_t mask = keys_.size() - 1;
+std::size_t PrefixIndex::insert_slot(BlockHash h) {
+  if (static_cast<double>(used_slots_ + 1) > kMaxLoad * static_cast<double>(slots_.size())) grow_table();
+  const std::size_t mask = slots_.size() - 1;
   for (std::size_t i = slot_of(h);; i = (i + 1) & mask) {
-    if (heads_[i] == kNil) {
-      keys_[i] = h;
+    Slot& s = slots_[i];
+    if (s.head == kNil) {
+      s.set_key(h);
+      s.set_holders(0);
       ++used_slots_;
-      return heads_[i];  // still kNil: the caller links the first entry
+      return i;  // head still kNil: the caller links the first entry
     }
-    if (keys_[i] == h) return heads_[i];
+    if (s.key() == h) return i;
   }
 }
 
-void PrefixIndex::erase_slot(BlockHash h) {
-  const std::size_t mask = keys_.size() - 1;
-  std::size_t i = slot_of(h);
-  while (true) {
-    if (heads_[i] == kNil) return;
-    if (keys_[i] == h) break;
-    i = (i + 1) & mask;
-  }
-  heads_[i] = kNil;
+void PrefixIndex::erase_slot(std::size_t i) {
+  const std::size_t mask = slots_.size() - 1;
+  slots_[i].head = kNil;
   --used_slots_;
   // Shift later members of the probe run back so lookups never stop early at the hole.
-  for (std::size_t j = (i + 1) & mask; heads_[j] != kNil; j = (j + 1) & mask) {
-    const std::size_t ideal = slot_of(keys_[j]);
+  for (std::size_t j = (i + 1) & mask; slots_[j].head != kNil; j = (j + 1) & mask) {
+    const std::size_t ideal = slot_of(slots_[j].key());
     const bool between = (i <= j) ? (i < ideal && ideal <= j) : (i < ideal || ideal <= j);
     if (between) continue;
-    keys_[i] = keys_[j];
-    heads_[i] = heads_[j];
-    heads_[j] = kNil;
+    slots_[i] = slots_[j];
+    slots_[j].head = kNil;
     i = j;
   }
 }
 
 void PrefixIndex::grow_table() {
-  std::vector<BlockHash> old_keys = std::move(keys_);
-  std::vector<std::uint32_t> old_heads = std::move(heads_);
+  std::vector<Slot> old = std::move(slots_);
   ++table_bits_;
-  keys_.assign(std::size_t{1} << table_bits_, 0);
-  heads_.assign(std::size_t{1} << table_bits_, kNil);
-  const std::size_t mask = keys_.size() - 1;
-  for (std::size_t s = 0; s < old_keys.size(); ++s) {
-    if (old_heads[s] == kNil) continue;
-    std::size_t i = slot_of(old_keys[s]);
-    while (heads_[i] != kNil) i = (i + 1) & mask;
-    keys_[i] = old_keys[s];
-    heads_[i] = old_heads[s];
+  slots_.assign(std::size_t{1} << table_bits_, Slot{{0, 0}, {0, 0}, kNil});
+  const std::size_t mask = slots_.size() - 1;
+  for (const Slot& s : old) {
+    if (s.head == kNil) continue;
+    std::size_t i = slot_of(s.key());
+    while (slots_[i].head != kNil) i = (i + 1) & mask;
+    slots_[i] = s;
   }
 }
 
@@ -97,9 +86,9 @@ PrefixIndex::WorkerLru& PrefixIndex::lru(WorkerId w) {
 }
 
 std::uint32_t PrefixIndex::find_entry(WorkerId w, BlockHash h) const {
-  const std::uint32_t* head = find_head(h);
-  if (head == nullptr) return kNil;
-  for (std::uint32_t e = *head; e != kNil; e = entries_[e].next_in_block) {
+  const std::size_t s = find_slot(h);
+  if (s == kNoSlot || (slots_[s].holders() & holder_bit(w)) == 0) return kNil;
+  for (std::uint32_t e = slots_[s].head; e != kNil; e = entries_[e].next_in_block) {
     if (entries_[e].worker == w) return e;
   }
   return kNil;
@@ -146,15 +135,22 @@ std::uint32_t PrefixIndex::touch(WorkerId w, BlockHash h, Tier tier) {
     Entry& en = entries_[e];
     if (en.hits == 0) ++l.reused;
     if (en.hits < 255) ++en.hits;
+    if (en.tier != tier) {
+      if (en.tier == Tier::kCpu) --cpu_entries_;
+      if (tier == Tier::kCpu) ++cpu_entries_;
+    }
     en.tier = tier;
     lru_unlink(l, e);
     lru_push_front(l, e);
     return e;
   }
   e = alloc_entry();
-  std::uint32_t& head = insert_head(h);  // may grow the table; `head` is taken after growth
-  entries_[e] = Entry{h, head, kNil, kNil, w, tier, 0};
-  head = e;
+  const std::size_t s = insert_slot(h);  // may grow the table, so the slot is taken after it
+  Slot& slot = slots_[s];
+  entries_[e] = Entry{h, slot.head, kNil, kNil, w, tier, 0};
+  slot.head = e;
+  slot.set_holders(slot.holders() | holder_bit(w));
+  if (tier == Tier::kCpu) ++cpu_entries_;
   lru_push_front(l, e);
   ++l.count;
   return e;
@@ -166,14 +162,23 @@ void PrefixIndex::erase_entry(std::uint32_t e) {
   lru_unlink(l, e);
   --l.count;
   if (en.hits > 0) --l.reused;
-  std::uint32_t* head = find_head(en.hash);
-  if (*head == e) {
-    // The last entry of a block frees its slot; erase_slot needs the slot still occupied to find it.
-    if (en.next_in_block == kNil) erase_slot(en.hash); else *head = en.next_in_block;
+  if (en.tier == Tier::kCpu) --cpu_entries_;
+  const std::size_t s = find_slot(en.hash);
+  Slot& slot = slots_[s];
+  if (slot.head == e && en.next_in_block == kNil) {
+    erase_slot(s);  // the block's last entry frees its slot
   } else {
-    std::uint32_t p = *head;
-    while (entries_[p].next_in_block != e) p = entries_[p].next_in_block;
-    entries_[p].next_in_block = en.next_in_block;
+    if (slot.head == e) {
+      slot.head = en.next_in_block;
+    } else {
+      std::uint32_t p = slot.head;
+      while (entries_[p].next_in_block != e) p = entries_[p].next_in_block;
+      entries_[p].next_in_block = en.next_in_block;
+    }
+    // Another holder may share this worker's bit (ids 64 apart), so the summary is rebuilt from the list.
+    std::uint64_t holders = 0;
+    for (std::uint32_t q = slot.head; q != kNil; q = entries_[q].next_in_block) holders |= holder_bit(entries_[q].worker);
+    slot.set_holders(holders);
   }
   en.next_in_block = free_head_;
   free_head_ = e;
@@ -235,19 +240,48 @@ void PrefixIndex::match(std::span<const BlockHash> chain, Match& out) const {
   out.blocks.assign(workers_.size(), 0);
   out.cpu_blocks.assign(workers_.size(), 0);
   out.longest = 0;
+  if (workers_.size() <= 64 && cpu_entries_ == 0) {
+    match_by_holders(chain, out);
+  } else {
+    match_by_entries(chain, out);
+  }
+}
+
+// Exact when every worker id is below 64 (one bit each) and no entry is on a CPU tier (no per-worker CPU
+// counts to keep): the set of workers still matching shrinks by one AND per block.
+void PrefixIndex::match_by_holders(std::span<const BlockHash> chain, Match& out) const {
+  const std::size_t n = workers_.size();
+  std::uint64_t active = n == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << n) - 1;
+  std::uint32_t i = 0;
+  for (; i < chain.size(); ++i) {
+    const std::size_t s = find_slot(chain[i]);
+    if (s == kNoSlot) break;
+    const std::uint64_t next = active & slots_[s].holders();
+    if (next == 0) break;
+    // Workers that stop here hold exactly the i blocks before this one.
+    for (std::uint64_t gone = active & ~next; gone != 0; gone &= gone - 1) out.blocks[std::countr_zero(gone)] = i;
+    active = next;
+  }
+  for (; active != 0; active &= active - 1) out.blocks[std::countr_zero(active)] = i;
+  out.longest = i;
+}
+
+void PrefixIndex::match_by_entries(std::span<const BlockHash> chain, Match& out) const {
+  std::size_t running = workers_.size();  // workers that held every block so far
   for (std::uint32_t i = 0; i < chain.size(); ++i) {
-    const std::uint32_t* head = find_head(chain[i]);
-    if (head == nullptr) break;
-    bool extended = false;
-    for (std::uint32_t e = *head; e != kNil; e = entries_[e].next_in_block) {
+    const std::size_t s = find_slot(chain[i]);
+    if (s == kNoSlot) break;
+    std::size_t extended = 0;
+    for (std::uint32_t e = slots_[s].head; e != kNil && extended < running; e = entries_[e].next_in_block) {
       const Entry& en = entries_[e];
       // Only a worker that held every earlier block continues its run.
       if (out.blocks[en.worker] != i) continue;
       out.blocks[en.worker] = i + 1;
       if (en.tier == Tier::kCpu) ++out.cpu_blocks[en.worker];
-      extended = true;
+      ++extended;
     }
-    if (!extended) break;
+    if (extended == 0) break;
+    running = extended;
     out.longest = i + 1;
   }
 }
@@ -288,8 +322,7 @@ std::size_t PrefixIndex::distinct_blocks() const {
 
 std::size_t PrefixIndex::memory_bytes() const {
   std::shared_lock lock(mu_);
-  return entries_.memory_bytes() + keys_.capacity() * sizeof(BlockHash) +
-         heads_.capacity() * sizeof(std::uint32_t) + workers_.capacity() * sizeof(WorkerLru);
+  return entries_.memory_bytes() + slots_.capacity() * sizeof(Slot) + workers_.capacity() * sizeof(WorkerLru);
 }
 
 }  // namespace kvroute::hashing

@@ -5,6 +5,11 @@
 // LRU list. match() answers, per worker, how many leading blocks of a chain it holds (and how many of those
 // sit on its CPU tier); it stops at the first block that no worker continues.
 //
+// Each table slot also keeps a 64-bit summary of the block's holders (bit w % 64 for every holder w). While
+// every worker id is below 64 and no entry sits on a CPU tier the summary is exact, and match() runs on it
+// alone: one probe and a few bit operations per block, however many workers share the block (a system
+// prompt held by the whole fleet). Otherwise match() walks the block's entry list.
+//
 // Two ways to fill it:
 //  * approximate mode: record() says "this worker is about to hold this chain"; the chain is touched with its
 //    first block most recent (engines evict a finished request's tail first) and the worker's least recently
@@ -103,13 +108,29 @@ class PrefixIndex {
     std::uint64_t capacity = 0;
   };
 
+  // One slot of the block table, 20 bytes with 4-byte alignment so that a probe usually reads one cache line
+  // (the 64-bit fields are split in halves to avoid padding).
+  struct Slot {
+    std::uint32_t key_half[2];      // the block hash
+    std::uint32_t holders_half[2];  // bit (w % 64) set for every worker w holding the block
+    std::uint32_t head;             // first entry of the block, kNil = empty slot
+    BlockHash key() const { return key_half[0] | (std::uint64_t{key_half[1]} << 32); }
+    void set_key(BlockHash h) { key_half[0] = static_cast<std::uint32_t>(h); key_half[1] = static_cast<std::uint32_t>(h >> 32); }
+    std::uint64_t holders() const { return holders_half[0] | (std::uint64_t{holders_half[1]} << 32); }
+    void set_holders(std::uint64_t m) { holders_half[0] = static_cast<std::uint32_t>(m); holders_half[1] = static_cast<std::uint32_t>(m >> 32); }
+  };
+  static_assert(sizeof(Slot) == 20);
+  static constexpr std::size_t kNoSlot = ~std::size_t{0};
+  static std::uint64_t holder_bit(WorkerId w) { return std::uint64_t{1} << (w & 63); }
+
   // --- block table (callers hold mu_) ---
   std::size_t slot_of(BlockHash h) const;
-  std::uint32_t* find_head(BlockHash h);
-  const std::uint32_t* find_head(BlockHash h) const;
-  std::uint32_t& insert_head(BlockHash h);  // existing or new slot (kNil head when new)
-  void erase_slot(BlockHash h);
+  std::size_t find_slot(BlockHash h) const;  // kNoSlot when absent
+  std::size_t insert_slot(BlockHash h);      // existing or new slot (kNil head when new); may grow the table
+  void erase_slot(std::size_t i);
   void grow_table();
+  void match_by_holders(std::span<const BlockHash> chain, Match& out) const;
+  void match_by_entries(std::span<const BlockHash> chain, Match& out) const;
 
   // --- entries ---
   WorkerLru& lru(WorkerId w);
@@ -142,8 +163,8 @@ class PrefixIndex {
   EntryPool entries_;                           // guarded by mu_
   std::uint32_t free_head_ = kNil;              // free list through next_in_block; guarded by mu_
   std::size_t live_entries_ = 0;                // guarded by mu_
-  std::vector<BlockHash> keys_;                 // block table keys; guarded by mu_
-  std::vector<std::uint32_t> heads_;            // block table values (kNil = empty slot); guarded by mu_
+  std::vector<Slot> slots_;                     // block table; guarded by mu_
+  std::size_t cpu_entries_ = 0;                 // entries on a CPU tier; guarded by mu_
   std::size_t used_slots_ = 0;                  // guarded by mu_
   int table_bits_ = 0;                          // guarded by mu_
   std::vector<WorkerLru> workers_;              // guarded by mu_

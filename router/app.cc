@@ -60,6 +60,19 @@ Result<bool> App::start() {
         if (auto s = metrics_.worker(w.id())) s->healthy->Set(up ? 1 : 0);
       });
   health_->start();
+  if (config_.metrics_interval_s > 0) {
+    telemetry_ = std::make_shared<backends::TelemetryPoller>(
+        io_.get_executor(), registry_, ms(config_.metrics_interval_s),
+        [this](const backends::Worker& w, const backends::WorkerTelemetry& t) {
+          // The engine's KV capacity, in the router's blocks, bounds what approximate mode believes it holds.
+          if (t.num_gpu_blocks > 0) {
+            const std::uint64_t tokens = t.num_gpu_blocks * (t.block_size ? t.block_size : config_.block_tokens);
+            router_->index().set_capacity(w.id(), tokens / config_.block_tokens);
+          }
+          if (auto s = metrics_.worker(w.id())) s->kv_usage->Set(t.kv_usage);
+        });
+    telemetry_->start();
+  }
   api_->run();
   admin_->run();
   LOG_INFO("kvroute listening on " << api_->local_endpoint() << " (admin " << admin_->local_endpoint() << "), policy "
@@ -69,6 +82,7 @@ Result<bool> App::start() {
 
 void App::stop() {
   if (health_) health_->stop();
+  if (telemetry_) telemetry_->stop();
   if (api_) api_->stop();
   if (admin_) admin_->stop();
 }

