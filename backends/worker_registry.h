@@ -36,6 +36,8 @@ struct WorkerEndpoint {
   std::string port;  // service name or number, for the resolver
   std::string name;  // display name: host:port unless configured
   std::string kv_events_endpoint;  // optional ZMQ endpoint of the worker's KV event publisher
+  std::string kv_events_replay;    // optional ZMQ endpoint of its replay socket
+  std::string model;               // namespace of its KV events; empty: learned from its /v1/models
 };
 
 // Parses http://HOST:PORT[/] (IPv6 as [::1]); errors explain what is wrong with the URL.
@@ -62,6 +64,11 @@ class Worker {
   bool healthy() const { return healthy_.load(std::memory_order_relaxed); }
   void set_healthy(bool h) { healthy_.store(h, std::memory_order_relaxed); }
 
+  // Precise mode: the worker's KV event stream is live, so the index holds what it reports and the router
+  // records no predictions for it. Approximate mode otherwise.
+  bool precise() const { return precise_.load(std::memory_order_relaxed); }
+  void set_precise(bool p) { precise_.store(p, std::memory_order_relaxed); }
+
   // Router-tracked load: begin() when a request is sent, first_token() when its first byte comes back,
   // end() when it completes (any outcome). Every begin() is matched by exactly one end().
   void begin(std::uint64_t uncached_prompt_tokens);
@@ -83,6 +90,7 @@ class Worker {
   const WorkerId id_;
   const WorkerEndpoint endpoint_;
   std::atomic<bool> healthy_{true};
+  std::atomic<bool> precise_{false};
   std::atomic<std::uint32_t> in_flight_{0};
   std::atomic<std::uint64_t> pending_prefill_{0};
   std::atomic<std::uint64_t> active_decode_{0};

@@ -305,6 +305,32 @@ std::vector<BlockHash> PrefixIndex::worker_hashes(WorkerId worker) const {
   return out;
 }
 
+std::vector<std::pair<BlockHash, Tier>> PrefixIndex::worker_entries(WorkerId worker) const {
+  std::shared_lock lock(mu_);
+  std::vector<std::pair<BlockHash, Tier>> out;
+  if (worker >= workers_.size()) return out;
+  out.reserve(workers_[worker].count);
+  for (std::uint32_t e = workers_[worker].head; e != kNil; e = entries_[e].lru_next) {
+    out.emplace_back(entries_[e].hash, entries_[e].tier);
+  }
+  return out;
+}
+
+std::size_t PrefixIndex::drop_tier(WorkerId worker, Tier tier) {
+  std::unique_lock lock(mu_);
+  if (worker >= workers_.size()) return 0;
+  std::size_t dropped = 0;
+  for (std::uint32_t e = workers_[worker].head; e != kNil;) {
+    const std::uint32_t next = entries_[e].lru_next;
+    if (entries_[e].tier == tier) {
+      erase_entry(e);
+      ++dropped;
+    }
+    e = next;
+  }
+  return dropped;
+}
+
 bool PrefixIndex::holds(WorkerId worker, BlockHash block) const {
   std::shared_lock lock(mu_);
   return find_entry(worker, block) != kNil;

@@ -71,6 +71,8 @@ class PrefixIndex {
   std::size_t remove(WorkerId worker, std::span<const BlockHash> blocks);
   // Drops every entry of the worker (publisher restart, AllBlocksCleared, worker removed).
   void clear_worker(WorkerId worker);
+  // Drops the worker's entries on one tier (e.g. the predictions made while its event stream was down).
+  std::size_t drop_tier(WorkerId worker, Tier tier);
 
   void match(std::span<const BlockHash> chain, Match& out) const;
 
@@ -79,6 +81,8 @@ class PrefixIndex {
   std::size_t worker_reused_blocks(WorkerId worker) const;
   // The worker's block hashes, most recently used first (debugging and tests).
   std::vector<BlockHash> worker_hashes(WorkerId worker) const;
+  // The worker's entries with their tiers, most recently used first.
+  std::vector<std::pair<BlockHash, Tier>> worker_entries(WorkerId worker) const;
   bool holds(WorkerId worker, BlockHash block) const;
 
   std::size_t entries() const;

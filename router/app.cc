@@ -1,5 +1,8 @@
 #include "router/app.h"
 
+#include <boost/asio/steady_timer.hpp>
+#include <boost/json.hpp>
+
 #include "router/log.h"
 
 namespace kvroute::router {
@@ -22,17 +25,30 @@ Result<bool> App::start() {
   router_ = std::make_unique<Router>(config_, registry_, std::move(*policy), metrics_);
   registry_.subscribe({[this](const backends::Worker& w) {
                          const_cast<backends::Worker&>(w).set_prefill_tokens_per_s(config_.prefill_tokens_per_s);
+                         if (!w.endpoint().kv_events_endpoint.empty()) start_events(w);
                        },
-                       nullptr});
+                       [this](const backends::Worker& w) {
+                         std::unique_ptr<events::KvEventSubscriber> sub;
+                         {
+                           std::lock_guard lock(events_mu_);
+                           auto it = subscribers_.find(w.id());
+                           if (it == subscribers_.end()) return;
+                           sub = std::move(it->second);
+                           subscribers_.erase(it);
+                         }
+                         sub.reset();  // joins its thread outside the lock
+                       }});
+  pool_ = std::make_unique<backends::UpstreamPool>(
+      io_.get_executor(), backends::UpstreamPool::Options{ms(config_.connect_timeout_s), 64, std::chrono::seconds(30)});
   for (const auto& w : config_.workers) {
     auto ep = backends::parse_worker_url(w.url);
     if (!ep) return ep.error();
     ep->kv_events_endpoint = w.kv_events;
+    ep->kv_events_replay = w.kv_events_replay;
+    ep->model = w.model;
     auto id = registry_.add(*ep);
     if (!id) return id.error();
   }
-  pool_ = std::make_unique<backends::UpstreamPool>(
-      io_.get_executor(), backends::UpstreamPool::Options{ms(config_.connect_timeout_s), 64, std::chrono::seconds(30)});
   services_ = std::make_unique<Services>(Services{config_, registry_, *router_, *pool_, metrics_});
 
   auto api_ep = resolve_listen(config_.listen);
@@ -80,7 +96,80 @@ Result<bool> App::start() {
   return true;
 }
 
+void App::start_events(const backends::Worker& worker) {
+  const hashing::WorkerId id = worker.id();
+  const backends::WorkerEndpoint ep = worker.endpoint();
+  if (!ep.model.empty()) return subscribe_events(id, ep, ep.model);
+  // The events carry token ids but not the model: learn the worker's model (its first /v1/models entry),
+  // retrying until the worker answers.
+  backends::http_get(io_.get_executor(), ep, "/v1/models", std::chrono::seconds(2),
+                     [this, id, ep](Result<backends::SimpleResponse> r) {
+                       std::string model;
+                       if (r && r->status == 200) {
+                         boost::system::error_code ec;
+                         auto v = boost::json::parse(r->body, ec);
+                         if (!ec && v.is_object()) {
+                           const auto* data = v.as_object().if_contains("data");
+                           if (data && data->is_array() && !data->as_array().empty() && data->as_array()[0].is_object()) {
+                             const auto* mid = data->as_array()[0].as_object().if_contains("id");
+                             if (mid && mid->is_string()) model = std::string(mid->as_string());
+                           }
+                         }
+                       }
+                       auto worker = registry_.find(id);
+                       if (!worker || worker->endpoint().url != ep.url) return;  // removed meanwhile
+                       if (!model.empty()) return subscribe_events(id, ep, model);
+                       auto timer = std::make_shared<boost::asio::steady_timer>(io_, std::chrono::seconds(1));
+                       timer->async_wait([this, timer, worker](boost::system::error_code ec) {
+                         if (!ec) start_events(*worker);
+                       });
+                     });
+}
+
+void App::subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint& ep, const std::string& model) {
+  events::SubscriberOptions o;
+  o.applier = events::applier_options(id, model);
+  o.applier.router_block_tokens = config_.block_tokens;
+  o.endpoint = ep.kv_events_endpoint;
+  o.replay_endpoint = ep.kv_events_replay;
+  o.topic = config_.kv_events_topic;
+  auto sub = std::make_unique<events::KvEventSubscriber>(router_->index(), o);
+  sub->set_liveness_listener([this](hashing::WorkerId w, bool live, std::string_view reason) {
+    on_stream_liveness(w, live, reason);
+  });
+  std::lock_guard lock(events_mu_);
+  if (stopping_) return;
+  if (auto started = sub->start(); !started) {
+    LOG_ERROR("worker " << ep.name << ": KV events at " << ep.kv_events_endpoint << ": " << started.error().message
+                        << "; staying in approximate mode");
+    return;
+  }
+  LOG_INFO("worker " << ep.name << ": subscribed to KV events at " << ep.kv_events_endpoint << " (model " << model << ")");
+  subscribers_[id] = std::move(sub);
+}
+
+void App::on_stream_liveness(hashing::WorkerId id, bool live, std::string_view reason) {
+  auto worker = registry_.find(id);
+  if (!worker || worker->precise() == live) return;
+  if (live) {
+    // Predictions made while the stream was down give way to what the worker reports (the subscriber replays
+    // what it missed).
+    const std::size_t dropped = router_->index().drop_tier(id, hashing::Tier::kPredicted);
+    LOG_INFO("worker " << worker->name() << ": precise mode (KV event stream live; " << dropped
+                       << " predicted blocks dropped)");
+  } else {
+    LOG_WARN("worker " << worker->name() << ": approximate mode (KV event stream down: " << reason << ")");
+  }
+  worker->set_precise(live);
+  if (auto s = metrics_.worker(id)) s->precise_mode->Set(live ? 1 : 0);
+}
+
 void App::stop() {
+  {
+    std::lock_guard lock(events_mu_);
+    stopping_ = true;
+  }
+  for (auto& [id, sub] : subscribers_) sub->stop();
   if (health_) health_->stop();
   if (telemetry_) telemetry_->stop();
   if (api_) api_->stop();

@@ -7,10 +7,13 @@
 //   io.run();
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include <boost/asio/io_context.hpp>
 
+#include "backends/events/kv_event_subscriber.h"
 #include "backends/health_checker.h"
 #include "backends/telemetry_poller.h"
 #include "backends/upstream.h"
@@ -35,6 +38,11 @@ class App {
   boost::asio::ip::tcp::endpoint admin_endpoint() const { return admin_->local_endpoint(); }
 
  private:
+  // Precise mode: subscribes to a worker's KV events once its model (the events' namespace) is known.
+  void start_events(const backends::Worker& worker);
+  void subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint& ep, const std::string& model);
+  void on_stream_liveness(hashing::WorkerId id, bool live, std::string_view reason);
+
   boost::asio::io_context& io_;
   Config config_;
   backends::WorkerRegistry registry_;
@@ -46,6 +54,9 @@ class App {
   std::shared_ptr<backends::TelemetryPoller> telemetry_;
   std::shared_ptr<Listener> api_;
   std::shared_ptr<Listener> admin_;
+  std::mutex events_mu_;
+  std::map<hashing::WorkerId, std::unique_ptr<events::KvEventSubscriber>> subscribers_;  // guarded by events_mu_
+  bool stopping_ = false;                                                               // guarded by events_mu_
 };
 
 }  // namespace kvroute::router

@@ -73,11 +73,32 @@ const std::vector<Option>& options() {
        [](Config& c, const std::string& v) { auto e = check_host_port(v); if (!e) c.listen = v; return e; }},
       {"admin-listen", "HOST:PORT", "address of /metrics and /admin/* (default 127.0.0.1:9090)",
        [](Config& c, const std::string& v) { auto e = check_host_port(v); if (!e) c.admin_listen = v; return e; }},
-      {"worker", "URL", "a worker's base URL, http://HOST:PORT; repeat for each worker",
+      {"worker", "URL[,kv_events=EP][,replay=EP][,model=NAME]",
+       "a worker's base URL, http://HOST:PORT, optionally with its KV event publisher (e.g. "
+       "kv_events=tcp://HOST:5557) for precise mode; repeat for each worker",
        [](Config& c, const std::string& v) -> std::optional<std::string> {
-         auto ep = backends::parse_worker_url(v);
+         std::vector<std::string> parts;
+         std::size_t start = 0;
+         while (true) {
+           const auto comma = v.find(',', start);
+           parts.push_back(v.substr(start, comma - start));
+           if (comma == std::string::npos) break;
+           start = comma + 1;
+         }
+         auto ep = backends::parse_worker_url(parts[0]);
          if (!ep) return ep.error().message;
-         c.workers.push_back({ep->url, ""});
+         WorkerConfig w{ep->url, "", "", ""};
+         for (std::size_t i = 1; i < parts.size(); ++i) {
+           const auto eq = parts[i].find('=');
+           const std::string key = parts[i].substr(0, eq);
+           const std::string val = eq == std::string::npos ? "" : parts[i].substr(eq + 1);
+           if (val.empty()) return "'" + parts[i] + "' must be KEY=VALUE";
+           if (key == "kv_events") w.kv_events = val;
+           else if (key == "replay") w.kv_events_replay = val;
+           else if (key == "model") w.model = val;
+           else return "unknown worker attribute '" + key + "' (kv_events, replay, model)";
+         }
+         c.workers.push_back(std::move(w));
          return std::nullopt;
        },
        true},
@@ -115,6 +136,8 @@ const std::vector<Option>& options() {
        DOUBLE_OPT(session_margin_s, 0, 1e6)},
       {"tenant-header", "NAME", "request header naming the tenant; isolates cache namespaces (default x-tenant-id)",
        [](Config& c, const std::string& v) { c.tenant_header = v; return std::optional<std::string>(); }},
+      {"kv-events-topic", "PREFIX", "ZMQ topic prefix of the workers' KV events (default: all topics)",
+       [](Config& c, const std::string& v) { c.kv_events_topic = v; return std::optional<std::string>(); }},
       {"health-interval", "SECONDS", "interval of active health checks, GET /health (default 2)",
        DOUBLE_OPT(health_interval_s, 0.01, 3600)},
       {"health-timeout", "SECONDS", "deadline of one health check (default 1)", DOUBLE_OPT(health_timeout_s, 0.001, 600)},
@@ -156,9 +179,19 @@ std::string yaml_key(const char* flag) {
 
 std::optional<std::string> apply_worker_node(Config& cfg, const YAML::Node& w) {
   if (w.IsScalar()) return find_option("worker")->set(cfg, w.as<std::string>());
-  if (!w.IsMap() || !w["url"]) return std::string("each worker is a URL or a map with 'url' (and optional 'kv_events')");
+  if (!w.IsMap() || !w["url"]) {
+    return std::string("each worker is a URL or a map with 'url' (and optional 'kv_events', 'kv_events_replay', 'model')");
+  }
   if (auto e = find_option("worker")->set(cfg, w["url"].as<std::string>())) return e;
-  if (w["kv_events"]) cfg.workers.back().kv_events = w["kv_events"].as<std::string>();
+  for (const auto& kv : w) {
+    const std::string key = kv.first.as<std::string>();
+    if (key == "url") continue;
+    const std::string val = kv.second.as<std::string>();
+    if (key == "kv_events") cfg.workers.back().kv_events = val;
+    else if (key == "kv_events_replay") cfg.workers.back().kv_events_replay = val;
+    else if (key == "model") cfg.workers.back().model = val;
+    else return "unknown worker key '" + key + "' (url, kv_events, kv_events_replay, model)";
+  }
   return std::nullopt;
 }
 
@@ -247,7 +280,7 @@ std::string help_text() {
   out << "kvroute: a prefix-cache-aware router for OpenAI-compatible LLM workers\n\n"
          "usage: kvroute [--config FILE] [--worker URL ...] [options]\n\n"
          "Every option can also be set in the YAML file under the same name with '_' for '-'\n"
-         "(workers: a list of URLs, or of maps {url, kv_events}).\n\noptions:\n";
+         "(workers: a list of URLs, or of maps {url, kv_events, kv_events_replay, model}).\n\noptions:\n";
   for (const auto& o : options()) {
     std::string left = std::string("  --") + o.name + (o.arg[0] ? std::string(" ") + o.arg : "");
     out << left;

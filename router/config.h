@@ -17,7 +17,9 @@ namespace kvroute::router {
 
 struct WorkerConfig {
   std::string url;
-  std::string kv_events;  // optional ZMQ endpoint of the worker's KV event publisher
+  std::string kv_events;         // ZMQ endpoint of the worker's KV event publisher (precise mode), optional
+  std::string kv_events_replay;  // ZMQ endpoint of its replay socket, optional
+  std::string model;             // model whose namespace its events belong to; empty: ask its /v1/models
 };
 
 struct Config {
@@ -43,6 +45,9 @@ struct Config {
   double session_ttl_s = 600;
   double session_margin_s = 0.5;
   std::string tenant_header = "x-tenant-id";
+
+  // Precise mode (KV events).
+  std::string kv_events_topic;      // ZMQ topic prefix to subscribe to; empty: all
 
   // Health checks.
   double health_interval_s = 2;

@@ -524,7 +524,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
         o["healthy"] = w->healthy();
         o["in_flight"] = w->in_flight();
         o["indexed_blocks"] = svc_.router.index().worker_blocks(w->id());
-        o["mode"] = "approximate";
+        o["mode"] = w->precise() ? "precise" : "approximate";
         o["prefill_tokens_per_s"] = w->prefill_tokens_per_s();
         if (t.valid) {
           o["running"] = t.running;
@@ -555,6 +555,27 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       if (!id) return send_error(make_error(id.error().message, 409, "invalid_request_error", "conflict"));
       LOG_INFO("worker " << ep->name << " added through the admin API");
       return send_json(201, "{\"id\":" + std::to_string(*id) + "}");
+    }
+    if (path.starts_with("/admin/workers/") && path.ends_with("/blocks") && req_.method() == http::verb::get) {
+      // The blocks the router believes a worker holds, in kvroute's own hash space (docs/hashing.md), as
+      // decimal strings of the unsigned 64-bit hashes (JSON numbers lose precision above 2^53).
+      const std::string name(path.substr(15, path.size() - 15 - 7));
+      for (const auto& w : *svc_.registry.snapshot()) {
+        if (w->name() != name && std::to_string(w->id()) != name) continue;
+        json::array gpu, cpu, predicted;
+        for (const auto& [h, tier] : svc_.router.index().worker_entries(w->id())) {
+          auto& arr = tier == hashing::Tier::kGpu ? gpu : tier == hashing::Tier::kCpu ? cpu : predicted;
+          arr.emplace_back(std::to_string(h));
+        }
+        json::object out;
+        out["worker"] = w->name();
+        out["mode"] = w->precise() ? "precise" : "approximate";
+        out["gpu"] = std::move(gpu);
+        out["cpu"] = std::move(cpu);
+        out["predicted"] = std::move(predicted);
+        return send_json(200, json::serialize(out));
+      }
+      return send_error(make_error("no worker named '" + name + "'", 404, "invalid_request_error", "not_found"));
     }
     if (path.starts_with("/admin/workers/") && req_.method() == http::verb::delete_) {
       std::string name(path.substr(15));

@@ -52,7 +52,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   ctx.sequence = sequence_.fetch_add(1, std::memory_order_relaxed);
   ctx.random = mix(ctx.sequence);
   if (policy_->uses_prefix_match()) {
-    index_.match(request.chain.hashes, match);
+    match_prefix(request, match);
     ctx.match = &match;
   }
   if (!request.session_key.empty()) {
@@ -74,7 +74,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   d.pick = *pick;
   if (!ctx.match) {
     // Prefix-blind policies still report what the index predicts, so hit-rate truth is comparable.
-    index_.match(request.chain.hashes, match);
+    match_prefix(request, match);
     ctx.match = &match;
     d.pick.predicted_cached_tokens = ctx.matched_tokens(pick->worker);
   }
@@ -85,9 +85,10 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   d.streamed = request.stream;
   d.worker_was_idle = views[pick->worker].in_flight == 0;
 
-  // Observer: the worker will hold this prefix once it has prefilled it.
+  // Observer: the worker will hold this prefix once it has prefilled it. A worker in precise mode reports
+  // that itself through its KV events.
   d.worker->begin(d.uncached_tokens);
-  index_.record(d.worker->id(), request.chain.hashes);
+  if (!d.worker->precise()) index_.record(d.worker->id(), request.chain.hashes);
   if (!request.session_key.empty()) bind_session(request.session_key, d.worker->id());
   metrics_.routed(std::string(policy::reason_name(d.pick.reason)));
   if (auto s = metrics_.worker(d.worker->id())) {
@@ -97,6 +98,18 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   }
   metrics_.decision_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return d;
+}
+
+void Router::match_prefix(const RoutableRequest& request, hashing::PrefixIndex::Match& out) const {
+  index_.match(request.chain.hashes, out);
+  if (request.chain.unit != hashing::Unit::kToken || request.chain.total_units == 0) return;
+  // An engine always computes the prompt's last token to get its logits, so a fully cached prompt still
+  // recomputes its last block: vLLM caps a hit at prompt_len - 1 tokens (vllm/v1/core/kv_cache_manager.py,
+  // get_computed_blocks). Predictions follow the same rule so they match what the worker reports.
+  const auto cap = static_cast<std::uint32_t>((request.chain.total_units - 1) / request.chain.block_units);
+  for (auto& b : out.blocks) b = std::min(b, cap);
+  for (auto& b : out.cpu_blocks) b = std::min(b, cap);
+  out.longest = std::min(out.longest, cap);
 }
 
 std::shared_ptr<backends::Worker> Router::any_healthy() const {

@@ -72,6 +72,7 @@ class Router {
     hashing::WorkerId worker;
     std::chrono::steady_clock::time_point last_used;
   };
+  void match_prefix(const RoutableRequest& request, hashing::PrefixIndex::Match& out) const;
   void bind_session(const std::string& key, hashing::WorkerId worker);
   void expire_sessions(std::chrono::steady_clock::time_point now);  // caller holds sessions_mu_
 

@@ -92,6 +92,20 @@ TEST(PrefixIndex, PreciseStoreRemoveClearAndTiers) {
   EXPECT_EQ(idx.distinct_blocks(), 0u);
 }
 
+TEST(PrefixIndex, DropTierKeepsConfirmedEntries) {
+  PrefixIndex idx;
+  const auto a = chain(1, 6);
+  idx.record(0, a);                                  // predicted
+  idx.store(0, std::span(a).first(2), Tier::kGpu);   // confirmed by events
+  EXPECT_EQ(idx.drop_tier(0, Tier::kPredicted), 4u);
+  auto entries = idx.worker_entries(0);
+  ASSERT_EQ(entries.size(), 2u);
+  for (const auto& [h, tier] : entries) EXPECT_EQ(tier, Tier::kGpu);
+  PrefixIndex::Match m;
+  idx.match(a, m);
+  EXPECT_EQ(m.of(0), 2u);
+}
+
 TEST(PrefixIndex, DroppingAWorkerLeavesOthersIntact) {
   PrefixIndex idx;
   const auto a = chain(1, 8);

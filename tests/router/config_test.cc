@@ -51,6 +51,18 @@ TEST(Config, YamlFileThenFlagsOverride) {
   ASSERT_EQ(c->workers.size(), 1u);
 }
 
+TEST(Config, WorkerAttributesForPreciseMode) {
+  auto c = parse({"--worker", "http://127.0.0.1:8001,kv_events=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558,model=m"});
+  ASSERT_TRUE(c) << c.error().message;
+  ASSERT_EQ(c->workers.size(), 1u);
+  EXPECT_EQ(c->workers[0].kv_events, "tcp://127.0.0.1:5557");
+  EXPECT_EQ(c->workers[0].kv_events_replay, "tcp://127.0.0.1:5558");
+  EXPECT_EQ(c->workers[0].model, "m");
+  auto bad = parse({"--worker", "http://127.0.0.1:8001,events=x"});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("unknown worker attribute 'events'"), std::string::npos);
+}
+
 TEST(Config, ErrorsNameTheOptionAndValue) {
   struct Case {
     std::vector<std::string> args;

@@ -1,0 +1,144 @@
+// Precise mode end to end: kvroute subscribed to the KV events of real kvroute-sim workers.
+#include <algorithm>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+#include "tests/support/harness.h"
+
+namespace kvroute::test {
+namespace {
+
+namespace json = boost::json;
+using namespace std::chrono_literals;
+
+double metric_sum(const std::string& text, const std::string& name) {
+  double sum = 0;
+  std::size_t pos = 0;
+  while ((pos = text.find("\n" + name + "{", pos)) != std::string::npos) {
+    const auto space = text.find("} ", pos);
+    sum += std::stod(text.substr(space + 2, text.find('\n', space) - space - 2));
+    pos = space;
+  }
+  return sum;
+}
+
+std::set<std::string> strings(const json::value& v, std::initializer_list<const char*> keys) {
+  std::set<std::string> out;
+  for (const char* k : keys) {
+    for (const auto& h : v.at(k).as_array()) out.insert(std::string(h.as_string()));
+  }
+  return out;
+}
+
+struct Truth {
+  double recall = 0;      // share of reported cached tokens the router predicted
+  double false_rate = 0;  // share of predicted cached tokens that were not cached
+  double hit_rate = 0;
+};
+
+// Three workers with small KV pools (so the burst evicts), kvroute in front, with or without KV events.
+class PreciseFleet {
+ public:
+  explicit PreciseFleet(bool events) {
+    sim_ = free_ports(3);
+    ev_ = free_ports(3);
+    replay_ = free_ports(3);
+    sim_proc_ = Process::start({bin("kvroute-sim"), "--port", std::to_string(sim_), "--workers", "3", "--speed", "20",
+                                "--num-gpu-blocks", "200", "--kv-events-port", std::to_string(ev_),
+                                "--kv-events-replay-port", std::to_string(replay_)},
+                               testing::TempDir() + "/kvroute-precise-sim.log");
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(wait_http(sim_ + i, "/health", 10s));
+    api_ = free_port();
+    admin_ = free_port();
+    std::vector<std::string> argv{bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api_), "--admin-listen",
+                                  "127.0.0.1:" + std::to_string(admin_), "--metrics-interval", "0.2"};
+    for (int i = 0; i < 3; ++i) {
+      std::string w = "http://127.0.0.1:" + std::to_string(sim_ + i);
+      if (events) {
+        w += ",kv_events=tcp://127.0.0.1:" + std::to_string(ev_ + i) +
+             ",replay=tcp://127.0.0.1:" + std::to_string(replay_ + i);
+      }
+      argv.push_back("--worker");
+      argv.push_back(w);
+    }
+    router_ = Process::start(argv, testing::TempDir() + "/kvroute-precise-router.log");
+    EXPECT_TRUE(wait_http(api_, "/health", 10s));
+  }
+
+  // A burst of requests over 24 shared prefixes (448 tokens each) with distinct tails: far more blocks than
+  // three 200-block pools hold, so the workers evict.
+  void burst(int requests) {
+    std::mt19937_64 rng(42);
+    for (int i = 0; i < requests; ++i) {
+      const int prefix = static_cast<int>(rng() % 24);
+      json::array prompt;
+      std::mt19937_64 prng(1000 + prefix);
+      for (int t = 0; t < 448; ++t) prompt.push_back(static_cast<std::int64_t>(1000 + prng() % 50000));
+      const int tail = 16 + static_cast<int>(rng() % 64);
+      for (int t = 0; t < tail; ++t) prompt.push_back(static_cast<std::int64_t>(60000 + rng() % 1000));
+      json::object body{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}};
+      auto r = http(api_, "POST", "/v1/completions", json::serialize(body));
+      ASSERT_EQ(r.status, 200) << r.body << r.error;
+    }
+  }
+
+  Truth truth() const {
+    const std::string m = http(admin_, "GET", "/metrics").body;
+    const double predicted = metric_sum(m, "kvroute_predicted_cached_tokens_total");
+    const double reported = metric_sum(m, "kvroute_reported_cached_tokens_total");
+    const double confirmed = metric_sum(m, "kvroute_confirmed_cached_tokens_total");
+    const double prompt = metric_sum(m, "kvroute_prompt_tokens_total");
+    return Truth{reported > 0 ? confirmed / reported : 1.0, predicted > 0 ? 1.0 - confirmed / predicted : 0.0,
+                 prompt > 0 ? reported / prompt : 0.0};
+  }
+
+  int sim(int i) const { return sim_ + i; }
+  int admin() const { return admin_; }
+
+ private:
+  int sim_ = 0, ev_ = 0, replay_ = 0, api_ = 0, admin_ = 0;
+  Process sim_proc_, router_;
+};
+
+TEST(PreciseE2E, RouterIndexEqualsWhatWorkersHoldAfterEvictingBurst) {
+  PreciseFleet fleet(/*events=*/true);
+  // Wait for every stream to go live.
+  for (int i = 0; i < 3; ++i) {
+    bool live = false;
+    for (int k = 0; k < 100 && !live; ++k) {
+      auto w = json::parse(http(fleet.admin(), "GET", "/admin/workers/" + std::to_string(i) + "/blocks").body);
+      live = w.at("mode").as_string() == "precise";
+      if (!live) std::this_thread::sleep_for(50ms);
+    }
+    ASSERT_TRUE(live) << "worker " << i;
+  }
+  fleet.burst(150);
+  std::this_thread::sleep_for(500ms);  // let the last events arrive
+  std::size_t total = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto truth = json::parse(http(fleet.sim(i), "GET", "/debug/kv_blocks").body);
+    auto view = json::parse(http(fleet.admin(), "GET", "/admin/workers/127.0.0.1:" + std::to_string(fleet.sim(i)) + "/blocks").body);
+    EXPECT_EQ(strings(view, {"gpu", "cpu", "predicted"}), strings(truth, {"gpu", "cpu"})) << "worker " << i;
+    total += strings(truth, {"gpu"}).size();
+  }
+  EXPECT_GT(total, 300u);  // the pools were full: eviction happened
+  const Truth t = fleet.truth();
+  std::printf("precise mode: recall %.4f, false %.4f, hit rate %.3f\n", t.recall, t.false_rate, t.hit_rate);
+  EXPECT_GE(t.recall, 0.98);
+  EXPECT_LE(t.false_rate, 0.02);
+}
+
+TEST(PreciseE2E, ApproximateModeTruthForComparison) {
+  PreciseFleet fleet(/*events=*/false);
+  fleet.burst(150);
+  const Truth t = fleet.truth();
+  std::printf("approximate mode: recall %.4f, false %.4f, hit rate %.3f\n", t.recall, t.false_rate, t.hit_rate);
+  EXPECT_GT(t.hit_rate, 0.0);
+}
+
+}  // namespace
+}  // namespace kvroute::test
