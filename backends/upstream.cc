@@ -105,13 +105,18 @@ std::size_t UpstreamPool::idle_count(WorkerId worker) const {
 
 namespace {
 
-class GetOp : public std::enable_shared_from_this<GetOp> {
+class ControlRequest : public std::enable_shared_from_this<ControlRequest> {
  public:
-  GetOp(asio::any_io_executor ex, const WorkerEndpoint& ep, std::string target, std::chrono::milliseconds timeout,
-        std::function<void(Result<SimpleResponse>)> handler, std::size_t body_limit)
+  ControlRequest(asio::any_io_executor ex, const WorkerEndpoint& ep, http::verb method, std::string target, std::string body,
+        std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler, std::size_t body_limit)
       : stream_(ex), endpoint_(ep), timeout_(timeout), handler_(std::move(handler)) {
-    req_.method(http::verb::get);
+    req_.method(method);
     req_.target(target);
+    if (method == http::verb::post) {
+      req_.set(http::field::content_type, "application/json");
+      req_.body() = std::move(body);
+      req_.prepare_payload();
+    }
     req_.version(11);
     req_.set(http::field::host, ep.name);
     req_.set(http::field::user_agent, "kvroute");
@@ -151,7 +156,7 @@ class GetOp : public std::enable_shared_from_this<GetOp> {
   WorkerEndpoint endpoint_;
   std::chrono::milliseconds timeout_;
   std::function<void(Result<SimpleResponse>)> handler_;
-  http::request<http::empty_body> req_;
+  http::request<http::string_body> req_;
   beast::flat_buffer buffer_;
   http::response_parser<http::string_body> parser_;
 };
@@ -161,7 +166,17 @@ class GetOp : public std::enable_shared_from_this<GetOp> {
 void http_get(asio::any_io_executor ex, const WorkerEndpoint& endpoint, std::string target,
               std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler,
               std::size_t body_limit) {
-  std::make_shared<GetOp>(std::move(ex), endpoint, std::move(target), timeout, std::move(handler), body_limit)->start();
+  std::make_shared<ControlRequest>(std::move(ex), endpoint, http::verb::get, std::move(target), std::string(), timeout,
+                         std::move(handler), body_limit)
+      ->start();
+}
+
+void http_post(asio::any_io_executor ex, const WorkerEndpoint& endpoint, std::string target, std::string json_body,
+               std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler,
+               std::size_t body_limit) {
+  std::make_shared<ControlRequest>(std::move(ex), endpoint, http::verb::post, std::move(target), std::move(json_body), timeout,
+                         std::move(handler), body_limit)
+      ->start();
 }
 
 }  // namespace kvroute::backends

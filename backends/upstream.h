@@ -82,6 +82,10 @@ struct SimpleResponse {
 void http_get(asio::any_io_executor ex, const WorkerEndpoint& endpoint, std::string target,
               std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler,
               std::size_t body_limit = 4 << 20);
+// POST a JSON body, likewise.
+void http_post(asio::any_io_executor ex, const WorkerEndpoint& endpoint, std::string target, std::string json_body,
+               std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler,
+               std::size_t body_limit = 16 << 20);
 
 // Connects a tcp_stream to host:port (numeric hosts skip the resolver) within the stream's expiry.
 void async_connect_endpoint(beast::tcp_stream& stream, const WorkerEndpoint& endpoint,

@@ -49,7 +49,8 @@ Result<bool> App::start() {
     auto id = registry_.add(*ep);
     if (!id) return id.error();
   }
-  services_ = std::make_unique<Services>(Services{config_, registry_, *router_, *pool_, metrics_});
+  tokenize_cache_ = std::make_unique<TokenizeCache>(config_.tokenize_cache_entries);
+  services_ = std::make_unique<Services>(Services{config_, registry_, *router_, *pool_, metrics_, *tokenize_cache_});
 
   auto api_ep = resolve_listen(config_.listen);
   if (!api_ep) return api_ep.error();

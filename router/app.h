@@ -49,6 +49,7 @@ class App {
   RouterMetrics metrics_;
   std::unique_ptr<Router> router_;
   std::unique_ptr<backends::UpstreamPool> pool_;
+  std::unique_ptr<TokenizeCache> tokenize_cache_;
   std::unique_ptr<Services> services_;
   std::shared_ptr<backends::HealthChecker> health_;
   std::shared_ptr<backends::TelemetryPoller> telemetry_;

@@ -138,6 +138,18 @@ const std::vector<Option>& options() {
        [](Config& c, const std::string& v) { c.tenant_header = v; return std::optional<std::string>(); }},
       {"kv-events-topic", "PREFIX", "ZMQ topic prefix of the workers' KV events (default: all topics)",
        [](Config& c, const std::string& v) { c.kv_events_topic = v; return std::optional<std::string>(); }},
+      {"tokenize", "MODE",
+       "hash text prompts over the workers' own token ids from their /tokenize: auto (while any worker is in "
+       "precise mode), always, never (default auto)",
+       [](Config& c, const std::string& v) -> std::optional<std::string> {
+         if (v != "auto" && v != "always" && v != "never") return "'" + v + "' is not auto, always or never";
+         c.tokenize = v;
+         return std::nullopt;
+       }},
+      {"tokenize-timeout", "SECONDS", "give up on /tokenize and hash the text after this long (default 0.25)",
+       DOUBLE_OPT(tokenize_timeout_s, 0.001, 60)},
+      {"tokenize-cache", "N", "prompts whose token ids are remembered (default 4096; 0 disables)",
+       INT_OPT(std::size_t, tokenize_cache_entries, 0, 10'000'000)},
       {"health-interval", "SECONDS", "interval of active health checks, GET /health (default 2)",
        DOUBLE_OPT(health_interval_s, 0.01, 3600)},
       {"health-timeout", "SECONDS", "deadline of one health check (default 1)", DOUBLE_OPT(health_timeout_s, 0.001, 600)},

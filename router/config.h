@@ -48,6 +48,9 @@ struct Config {
 
   // Precise mode (KV events).
   std::string kv_events_topic;      // ZMQ topic prefix to subscribe to; empty: all
+  std::string tokenize = "auto";    // auto (while any worker is in precise mode), always, never
+  double tokenize_timeout_s = 0.25;
+  std::size_t tokenize_cache_entries = 4096;
 
   // Health checks.
   double health_interval_s = 2;

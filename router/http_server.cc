@@ -217,21 +217,81 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
                           "invalid_request_error", "unknown_route"));
   }
 
+  bool want_tokenize() const {
+    if (svc_.config.tokenize == "always") return true;
+    if (svc_.config.tokenize == "never") return false;
+    for (const auto& w : *svc_.registry.snapshot()) {
+      if (w->precise()) return true;
+    }
+    return false;
+  }
+
   void handle_routed(Endpoint endpoint) {
     const auto t0 = std::chrono::steady_clock::now();
     RequestHeaders headers{req_[svc_.config.session_header], req_[svc_.config.tenant_header]};
     auto parsed = parse_request(endpoint, req_.body(), headers,
-                                ParseOptions{svc_.config.block_tokens, svc_.config.block_bytes});
+                                ParseOptions{svc_.config.block_tokens, svc_.config.block_bytes, want_tokenize()});
     if (!parsed) {
       svc_.metrics.error("bad_request");
       return send_error(parsed.error());
     }
-    auto decision = svc_.router.route(*parsed);
+    if (!parsed->tokenize_body.empty()) {
+      if (TokenIds cached = svc_.tokenize_cache.get(parsed->tokenize_key)) {
+        use_token_ids(*parsed, *cached, svc_.config.block_tokens);
+        svc_.metrics.tokenized("cache_hit", 0.0);
+        return route_parsed(std::move(*parsed), t0);
+      }
+      auto worker = svc_.router.any_healthy();
+      if (worker) {
+        auto request = std::make_shared<RoutableRequest>(std::move(*parsed));
+        const std::string body = request->tokenize_body;
+        const auto timeout = std::chrono::milliseconds(static_cast<long long>(svc_.config.tokenize_timeout_s * 1000));
+        backends::http_post(stream_.get_executor(), worker->endpoint(), "/tokenize", body, timeout,
+                            [self = shared_from_this(), request, t0](Result<backends::SimpleResponse> r) {
+                              asio::post(self->stream_.get_executor(), [self, request, t0, r = std::move(r)]() mutable {
+                                self->on_tokenized(std::move(*request), t0, std::move(r));
+                              });
+                            });
+        return;
+      }
+    }
+    route_parsed(std::move(*parsed), t0);
+  }
+
+  void on_tokenized(RoutableRequest request, std::chrono::steady_clock::time_point t0,
+                    Result<backends::SimpleResponse> r) {
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::optional<std::vector<std::uint32_t>> tokens;
+    std::string why;
+    if (!r) {
+      why = r.error().message;
+    } else if (r->status != 200) {
+      why = "/tokenize answered " + std::to_string(r->status);
+    } else if (auto parsed = parse_tokenize_response(r->body); !parsed) {
+      why = parsed.error().message;
+    } else {
+      tokens = std::move(*parsed);
+    }
+    if (tokens) {
+      auto shared = std::make_shared<const std::vector<std::uint32_t>>(std::move(*tokens));
+      use_token_ids(request, *shared, svc_.config.block_tokens);
+      svc_.tokenize_cache.put(request.tokenize_key, std::move(shared));
+      svc_.metrics.tokenized("tokenized", took);
+    } else {
+      // The text chain stays: routing goes on, only less precisely.
+      LOG_DEBUG("request " << request_id_ << ": tokenization failed (" << why << "); routing on the text");
+      svc_.metrics.tokenized("fallback", took);
+    }
+    route_parsed(std::move(request), t0);
+  }
+
+  void route_parsed(RoutableRequest parsed, std::chrono::steady_clock::time_point t0) {
+    auto decision = svc_.router.route(parsed);
     if (!decision) return send_error(decision.error());
     decision_ = std::move(*decision);
     decision_->start = t0;
-    strip_usage_ = parsed->strip_usage;
-    up_body_ = std::move(parsed->upstream_body);
+    strip_usage_ = parsed.strip_usage;
+    up_body_ = std::move(parsed.upstream_body);
     LOG_DEBUG("request " << request_id_ << " -> " << decision_->worker->name() << " ("
               << policy::reason_name(decision_->pick.reason) << ", predicted cached "
               << decision_->pick.predicted_cached_tokens << "/" << decision_->prompt_tokens << ")");
@@ -431,11 +491,13 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     beast::error_code e2;
     if (stream_.socket().available(e2) > 0) return;  // a pipelined request, not a disconnect
     char byte;
+    beast::error_code peek;
     stream_.socket().non_blocking(true, e2);
-    stream_.socket().receive(asio::buffer(&byte, 1), tcp::socket::message_peek, e2);
+    const std::size_t n = stream_.socket().receive(asio::buffer(&byte, 1), tcp::socket::message_peek, peek);
     stream_.socket().non_blocking(false, e2);
-    if (e2 == asio::error::would_block) return watch_client();
-    client_gone();
+    if (peek == asio::error::would_block) return watch_client();  // spurious wake-up
+    if (!peek && n > 0) return;                                    // data arrived meanwhile: pipelining
+    client_gone();                                                 // end of stream or a reset
   }
 
   void client_gone() {

@@ -21,6 +21,7 @@
 #include "router/config.h"
 #include "router/metrics.h"
 #include "router/router.h"
+#include "router/tokenizer_client.h"
 
 namespace kvroute::router {
 
@@ -30,6 +31,7 @@ struct Services {
   Router& router;
   backends::UpstreamPool& pool;
   RouterMetrics& metrics;
+  TokenizeCache& tokenize_cache;
 };
 
 class Listener : public std::enable_shared_from_this<Listener> {

@@ -24,7 +24,9 @@ RouterMetrics::RouterMetrics()
       healthy_(prometheus::BuildGauge().Name("kvroute_worker_healthy").Help("1 when the worker passes health checks").Register(*registry_)),
       kv_usage_(prometheus::BuildGauge().Name("kvroute_worker_kv_usage").Help("KV cache usage the worker last reported (0-1)").Register(*registry_)),
       precise_(prometheus::BuildGauge().Name("kvroute_worker_precise_mode").Help("1 while the worker's KV event stream is live (precise mode), 0 in approximate mode").Register(*registry_)),
-      ttft_(prometheus::BuildHistogram().Name("kvroute_ttft_seconds").Help("Time to first byte of the response, per worker").Register(*registry_)) {
+      ttft_(prometheus::BuildHistogram().Name("kvroute_ttft_seconds").Help("Time to first byte of the response, per worker").Register(*registry_)),
+      tokenize_total_(prometheus::BuildCounter().Name("kvroute_tokenize_total").Help("Text prompts tokenized through a worker's /tokenize, by outcome (cache_hit, tokenized, fallback)").Register(*registry_)) {
+  tokenize_seconds_ = &prometheus::BuildHistogram().Name("kvroute_tokenize_seconds").Help("Latency /tokenize added to routing (cache misses)").Register(*registry_).Add({}, kDecisionBuckets);
   decision_ = &prometheus::BuildHistogram().Name("kvroute_routing_decision_seconds").Help("Time to parse, hash, match and pick").Register(*registry_).Add({}, kDecisionBuckets);
   duration_ = &prometheus::BuildHistogram().Name("kvroute_request_duration_seconds").Help("End-to-end request duration").Register(*registry_).Add({}, kLatencyBuckets);
   index_entries_ = &prometheus::BuildGauge().Name("kvroute_index_entries").Help("(block, worker) entries in the prefix index").Register(*registry_).Add({});
@@ -90,6 +92,18 @@ void RouterMetrics::error(const std::string& kind) {
     c = slot;
   }
   c->Increment();
+}
+
+void RouterMetrics::tokenized(const std::string& outcome, double seconds) {
+  prometheus::Counter* c;
+  {
+    std::lock_guard lock(mu_);
+    auto& slot = tokenize_outcomes_[outcome];
+    if (!slot) slot = &tokenize_total_.Add({{"outcome", outcome}});
+    c = slot;
+  }
+  c->Increment();
+  if (outcome != "cache_hit") tokenize_seconds_->Observe(seconds);
 }
 
 std::string RouterMetrics::serialize() const {

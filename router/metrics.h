@@ -57,6 +57,8 @@ class RouterMetrics {
     index_bytes_->Set(static_cast<double>(bytes));
   }
   void set_sessions(std::size_t n) { sessions_->Set(static_cast<double>(n)); }
+  // A /tokenize outcome (cache_hit, tokenized, fallback) and the time it took.
+  void tokenized(const std::string& outcome, double seconds);
 
   std::string serialize() const;
 
@@ -80,11 +82,14 @@ class RouterMetrics {
   prometheus::Gauge* index_entries_;
   prometheus::Gauge* index_bytes_;
   prometheus::Gauge* sessions_;
+  prometheus::Family<prometheus::Counter>& tokenize_total_;
+  prometheus::Histogram* tokenize_seconds_;
 
   mutable std::mutex mu_;
   std::unordered_map<hashing::WorkerId, std::shared_ptr<WorkerSeries>> workers_;  // guarded by mu_
   std::unordered_map<std::string, prometheus::Counter*> reasons_;                 // guarded by mu_
   std::unordered_map<std::string, prometheus::Counter*> error_kinds_;             // guarded by mu_
+  std::unordered_map<std::string, prometheus::Counter*> tokenize_outcomes_;       // guarded by mu_
 };
 
 }  // namespace kvroute::router

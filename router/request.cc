@@ -2,6 +2,9 @@
 
 #include <boost/json.hpp>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "hashing/chat_canonical.h"
 
 namespace kvroute::router {
@@ -125,6 +128,14 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
     if (!text) return text.error();
     r.chain = hashing::hash_text(root, *text, options.block_bytes);
     r.affinity_key = r.model + '\0' + first_user_text(messages->get_array()).substr(0, kAffinityChars);
+    if (options.tokenize) {
+      json::object t;
+      t["model"] = r.model;
+      t["messages"] = *messages;
+      if (const auto* tools = obj->if_contains("tools"); tools && !tools->is_null()) t["tools"] = *tools;
+      t["add_generation_prompt"] = true;
+      r.tokenize_body = json::serialize(t);
+    }
   } else {
     const auto* prompt = obj->if_contains("prompt");
     if (!prompt) return field_error("prompt", "is required", "missing_field");
@@ -138,6 +149,12 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
       const std::string_view text = p->get_string();
       r.chain = hashing::hash_text(root, text, options.block_bytes);
       r.affinity_key = r.model + '\0' + std::string(text.substr(0, kAffinityChars));
+      if (options.tokenize) {
+        json::object t;
+        t["model"] = r.model;
+        t["prompt"] = text;
+        r.tokenize_body = json::serialize(t);
+      }
     } else if (p->is_array()) {
       std::vector<std::uint32_t> tokens;
       auto ok = read_token_ids(p->get_array(), tokens, "prompt");
@@ -151,6 +168,7 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
     }
   }
   r.prompt_tokens = r.chain.estimated_tokens();
+  if (!r.tokenize_body.empty()) r.tokenize_key = XXH3_64bits(r.tokenize_body.data(), r.tokenize_body.size());
   if (r.stream && !r.include_usage) {
     // Usage feeds the router's truth metrics and learning; the client still gets the stream it asked for.
     json::object& o = doc.as_object();
@@ -161,6 +179,11 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
     r.strip_usage = true;
   }
   return r;
+}
+
+void use_token_ids(RoutableRequest& request, const std::vector<std::uint32_t>& tokens, std::uint32_t block_tokens) {
+  request.chain = hashing::hash_tokens(request.chain.root, tokens, block_tokens);
+  request.prompt_tokens = tokens.size();
 }
 
 }  // namespace kvroute::router

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "hashing/block_chain.h"
 #include "util/result.h"
@@ -25,6 +26,7 @@ struct RequestHeaders {
 struct ParseOptions {
   std::uint32_t block_tokens = hashing::kDefaultBlockTokens;
   std::uint32_t block_bytes = hashing::kDefaultBlockBytes;
+  bool tokenize = false;  // text requests also get the body of a /tokenize call (tokenize_body)
 };
 
 struct RoutableRequest {
@@ -42,7 +44,14 @@ struct RoutableRequest {
   // (upstream_body is the rewritten body) and removes the extra usage event from what the client receives.
   bool strip_usage = false;
   std::string upstream_body;       // empty: forward the client's body unchanged
+  // With ParseOptions::tokenize, for text prompts: the body to POST to a worker's /tokenize (vLLM's shape)
+  // and its hash (the tokenize cache's key). Empty when the request already carries token ids.
+  std::string tokenize_body;
+  std::uint64_t tokenize_key = 0;
 };
+
+// Replaces a text chain by the chain over the worker's token ids (same namespace root).
+void use_token_ids(RoutableRequest& request, const std::vector<std::uint32_t>& tokens, std::uint32_t block_tokens);
 
 Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, const RequestHeaders& headers,
                                       const ParseOptions& options);

@@ -1,0 +1,181 @@
+#include "backends/sim/server/options.h"
+
+#include <algorithm>
+#include <charconv>
+#include <iterator>
+#include <cmath>
+
+namespace kvroute::sim {
+
+const char* const kUsage = R"(kvroute-sim: a simulated vLLM worker (OpenAI API, prefix cache, metrics, KV events).
+
+usage: kvroute-sim [flags]
+       kvroute-sim kv-size CONFIG.json|MODEL [--gpu NAME]   print KV sizing and exit
+
+flags (--flag VALUE or --flag=VALUE):
+  --host ADDR                 address to listen on (default 127.0.0.1)
+  --port P                    first HTTP port (default 8000); worker i listens on P+i
+  --workers N                 independent simulated workers in this process (default 1)
+  --model NAME                built-in model profile (default qwen3-8b; also llama-3.1-8b, llama-3.1-70b, llama-3.1-405b, deepseek-v3)
+  --served-model-name NAME    model id reported by /v1/models and in responses (default: the model name)
+  --model-config FILE         Hugging Face config.json describing the model (overrides --model's shape)
+  --gpu NAME                  built-in GPU profile (default h100-80gb; also h200-141gb, a100-80gb, l4)
+  --cpu-tier-gb X             size of the CPU KV tier in GB (default 0 = none)
+  --speed N                   run N times faster than real time: every simulated duration is divided by N
+                              (default 1)
+  --num-gpu-blocks N          override the GPU KV pool size in 16-token blocks (small pools for tests)
+  --max-num-seqs N            cap on running sequences (default: the engine's)
+  --max-model-len N           longest prompt + output accepted (default: the engine's)
+  --kv-events-port BASE       publish KV events on ZMQ PUB tcp://HOST:BASE+i (default 0 = off)
+  --kv-events-replay-port R   replay ROUTER of worker i at R+i (default BASE + workers)
+  --kv-events-encoding E      positional (vLLM <= 0.23 arrays) or map (current vLLM) (default positional)
+  --kv-events-topic T         topic frame of every KV-event message (default empty, as vLLM)
+  --seed N                    seed of generated text and block hashes (default 0)
+  --max-body-bytes N          largest accepted request body (default 8388608)
+  --idle-timeout S            close a keep-alive connection idle for S wall seconds (default 60)
+  --help                      print this text
+
+Generation never stops early: every request produces exactly max_tokens tokens (default 16, capped by
+max-model-len), so ignore_eos is accepted and changes nothing.
+)";
+
+namespace {
+
+template <class T>
+Result<T> parse_number(std::string_view flag, std::string_view v, T min, T max) {
+  T out{};
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || p != v.data() + v.size() || out < min || out > max) {
+    return make_error(std::string(flag) + ": expected a number in [" + std::to_string(min) + ", " +
+                      std::to_string(max) + "], got '" + std::string(v) + "'");
+  }
+  return out;
+}
+
+Result<double> parse_double(std::string_view flag, std::string_view v, double min) {
+  // std::from_chars for double is in GCC 12's libstdc++.
+  double out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || p != v.data() + v.size() || !std::isfinite(out) || out < min) {
+    return make_error(std::string(flag) + ": expected a number >= " + std::to_string(min) + ", got '" +
+                      std::string(v) + "'");
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& args) {
+  SimServerOptions o;
+  bool replay_set = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string_view flag = args[i];
+    std::string_view value;
+    bool has_value = false;
+    if (auto eq = flag.find('='); flag.starts_with("--") && eq != std::string_view::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_value = true;
+    }
+    if (flag == "--help" || flag == "-h") {
+      o.help = true;
+      continue;
+    }
+    if (!flag.starts_with("--")) return make_error("unexpected argument '" + std::string(flag) + "' (see --help)");
+    static constexpr std::string_view kKnown[] = {
+        "--host", "--port", "--workers", "--model", "--served-model-name", "--model-config", "--gpu",
+        "--cpu-tier-gb", "--speed", "--num-gpu-blocks", "--max-num-seqs", "--max-model-len", "--kv-events-port",
+        "--kv-events-replay-port", "--kv-events-encoding", "--kv-events-topic", "--seed", "--max-body-bytes",
+        "--idle-timeout"};
+    if (std::find(std::begin(kKnown), std::end(kKnown), flag) == std::end(kKnown)) {
+      return make_error("unknown flag '" + std::string(flag) + "' (see --help)");
+    }
+    if (!has_value) {
+      if (i + 1 >= args.size()) return make_error(std::string(flag) + ": missing value");
+      value = args[++i];
+    }
+    auto set_u16 = [&](std::uint16_t& dst, std::uint16_t min) -> std::optional<Error> {
+      auto r = parse_number<std::uint16_t>(flag, value, min, 65535);
+      if (!r) return r.error();
+      dst = *r;
+      return std::nullopt;
+    };
+    std::optional<Error> err;
+    if (flag == "--host") {
+      o.host = std::string(value);
+    } else if (flag == "--port") {
+      err = set_u16(o.port, 1);
+    } else if (flag == "--workers") {
+      auto r = parse_number<int>(flag, value, 1, 1024);
+      if (!r) return r.error();
+      o.workers = *r;
+    } else if (flag == "--model") {
+      o.model = std::string(value);
+    } else if (flag == "--served-model-name") {
+      o.served_model_name = std::string(value);
+    } else if (flag == "--model-config") {
+      o.model_config = std::string(value);
+    } else if (flag == "--gpu") {
+      o.gpu = std::string(value);
+    } else if (flag == "--cpu-tier-gb") {
+      auto r = parse_double(flag, value, 0);
+      if (!r) return r.error();
+      o.cpu_tier_gb = *r;
+    } else if (flag == "--speed") {
+      auto r = parse_double(flag, value, 1e-6);
+      if (!r) return r.error();
+      o.speed = *r;
+    } else if (flag == "--num-gpu-blocks") {
+      auto r = parse_number<std::uint64_t>(flag, value, 1, std::uint64_t{1} << 40);
+      if (!r) return r.error();
+      o.num_gpu_blocks = *r;
+    } else if (flag == "--max-num-seqs") {
+      auto r = parse_number<int>(flag, value, 1, 1 << 20);
+      if (!r) return r.error();
+      o.max_num_seqs = *r;
+    } else if (flag == "--max-model-len") {
+      auto r = parse_number<std::uint32_t>(flag, value, 1, 1u << 30);
+      if (!r) return r.error();
+      o.max_model_len = *r;
+    } else if (flag == "--kv-events-port") {
+      err = set_u16(o.kv_events_port, 0);
+    } else if (flag == "--kv-events-replay-port") {
+      err = set_u16(o.kv_events_replay_port, 1);
+      replay_set = true;
+    } else if (flag == "--kv-events-encoding") {
+      if (value == "positional") o.kv_events_encoding = KvEventEncoding::kPositional;
+      else if (value == "map") o.kv_events_encoding = KvEventEncoding::kMap;
+      else return make_error("--kv-events-encoding: expected 'positional' or 'map', got '" + std::string(value) + "'");
+    } else if (flag == "--kv-events-topic") {
+      o.kv_events_topic = std::string(value);
+    } else if (flag == "--seed") {
+      auto r = parse_number<std::uint64_t>(flag, value, 0, UINT64_MAX);
+      if (!r) return r.error();
+      o.seed = *r;
+    } else if (flag == "--max-body-bytes") {
+      auto r = parse_number<std::size_t>(flag, value, 1024, std::size_t{1} << 32);
+      if (!r) return r.error();
+      o.max_body_bytes = *r;
+    } else if (flag == "--idle-timeout") {
+      auto r = parse_double(flag, value, 0.001);
+      if (!r) return r.error();
+      o.idle_timeout_s = *r;
+    } else {
+      return make_error("unknown flag '" + std::string(flag) + "' (see --help)");
+    }
+    if (err) return *err;
+  }
+  if (o.port + o.workers - 1 > 65535) return make_error("--port + --workers exceeds 65535");
+  if (o.kv_events_port != 0) {
+    if (o.kv_events_port + o.workers - 1 > 65535) return make_error("--kv-events-port + --workers exceeds 65535");
+    if (!replay_set) {
+      if (o.kv_events_port + 2 * o.workers - 1 > 65535) return make_error("no room for the replay port range");
+      o.kv_events_replay_port = static_cast<std::uint16_t>(o.kv_events_port + o.workers);
+    } else if (o.kv_events_replay_port + o.workers - 1 > 65535) {
+      return make_error("--kv-events-replay-port + --workers exceeds 65535");
+    }
+  }
+  return o;
+}
+
+}  // namespace kvroute::sim

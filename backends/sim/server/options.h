@@ -1,0 +1,48 @@
+// SimServerOptions: kvroute-sim's command line (every flag is documented in kUsage, printed by --help).
+//
+// Contract: parse_sim_options() never exits or throws; a bad flag is an Error whose message names the flag
+// and what it expected (main prints it and exits with status 2).
+//
+//   auto opts = parse_sim_options({"--port", "8100", "--workers", "4", "--speed", "50"});
+//   if (!opts) { std::cerr << opts.error().message; return 2; }
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/sim/server/kv_events.h"
+#include "util/result.h"
+
+namespace kvroute::sim {
+
+struct SimServerOptions {
+  bool help = false;
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 8000;
+  int workers = 1;
+  std::string model = "qwen3-8b";      // built-in model profile
+  std::string served_model_name;       // id in /v1/models; defaults to --model (or the config file's name)
+  std::string model_config;            // path of a Hugging Face config.json; overrides --model's shape
+  std::string gpu = "h100-80gb";
+  double cpu_tier_gb = 0;
+  double speed = 1.0;                  // engine seconds per wall second
+  std::optional<std::uint64_t> num_gpu_blocks;
+  std::optional<int> max_num_seqs;
+  std::optional<std::uint32_t> max_model_len;
+  std::uint16_t kv_events_port = 0;    // 0 = no KV events; worker i publishes on port + i
+  std::uint16_t kv_events_replay_port = 0;  // 0 = kv_events_port + workers (right after the PUB range)
+  KvEventEncoding kv_events_encoding = KvEventEncoding::kPositional;
+  std::string kv_events_topic;
+  std::uint64_t seed = 0;
+  std::size_t max_body_bytes = 8u << 20;
+  double idle_timeout_s = 60;          // keep-alive connection idle limit (wall seconds)
+};
+
+extern const char* const kUsage;
+
+Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& args);
+
+}  // namespace kvroute::sim

@@ -1,0 +1,338 @@
+#include "backends/sim/server/session.h"
+
+#include <algorithm>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/bind_handler.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/write.hpp>
+
+#include <chrono>
+#include <cstdio>
+
+#include "backends/sim/server/tokenizer.h"
+
+namespace kvroute::sim {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+
+namespace {
+
+constexpr auto kWriteTimeout = std::chrono::seconds(30);
+constexpr std::size_t kHeaderLimit = 64 * 1024;
+// SSE bytes a slow reader may leave unsent before its request is dropped (a cap on queued output).
+constexpr std::size_t kMaxQueuedStreamBytes = 16u << 20;
+
+std::chrono::steady_clock::duration seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+// Network failures end the connection silently; only protocol errors get an answer.
+bool is_protocol_error(const beast::error_code& ec) { return ec.category() == http::make_error_code(http::error::bad_target).category(); }
+
+}  // namespace
+
+SimSession::SimSession(net::ip::tcp::socket socket, std::shared_ptr<SimWorker> worker)
+    : stream_(std::move(socket)), worker_(std::move(worker)) {}
+
+void SimSession::run() { do_read(); }
+
+void SimSession::do_read() {
+  if (closed_) return;
+  parser_.emplace();
+  parser_->body_limit(worker_->config().max_body_bytes);
+  parser_->header_limit(kHeaderLimit);
+  stream_.expires_after(seconds(worker_->config().idle_timeout_s));
+  // The header first: a client that sent "Expect: 100-continue" (curl does for bodies over 1 KiB) waits
+  // for our interim response before it sends the body.
+  http::async_read_header(stream_, buffer_, *parser_,
+                          beast::bind_front_handler(&SimSession::on_header, shared_from_this()));
+}
+
+void SimSession::on_header(beast::error_code ec, std::size_t bytes) {
+  if (ec) return on_read(ec, bytes);
+  const auto& req = parser_->get();
+  const auto expect = req[http::field::expect];
+  if (beast::iequals(expect, "100-continue") && !parser_->is_done()) {
+    static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    stream_.expires_after(kWriteTimeout);
+    net::async_write(stream_, net::buffer(kContinue.data(), kContinue.size()),
+                     [self = shared_from_this()](beast::error_code wec, std::size_t) {
+                       if (wec) return self->close();
+                       self->read_body();
+                     });
+    return;
+  }
+  read_body();
+}
+
+void SimSession::read_body() {
+  stream_.expires_after(seconds(worker_->config().idle_timeout_s));
+  http::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&SimSession::on_read, shared_from_this()));
+}
+
+void SimSession::on_read(beast::error_code ec, std::size_t) {
+  if (ec == http::error::end_of_stream) return close();
+  if (ec == http::error::body_limit) {
+    keep_alive_ = false;
+    return send_error(make_error("request body exceeds " + std::to_string(worker_->config().max_body_bytes) +
+                                     " bytes",
+                                 413));
+  }
+  if (ec && is_protocol_error(ec)) {
+    keep_alive_ = false;
+    return send_error(make_error("malformed HTTP request: " + ec.message()));
+  }
+  if (ec) return close();  // timeout, reset, operation_aborted on shutdown: nothing to answer
+  handle(parser_->get());
+}
+
+void SimSession::handle(Request& req) {
+  keep_alive_ = req.keep_alive();
+  std::string_view target(req.target().data(), req.target().size());
+  if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+  const auto method = req.method();
+  auto need = [&](http::verb v) {
+    if (method == v) return true;
+    send_error(make_error("method not allowed for " + std::string(target), 405));
+    return false;
+  };
+  if (target == "/v1/completions") {
+    if (need(http::verb::post)) start_completion(ApiKind::kCompletion, req);
+  } else if (target == "/v1/chat/completions") {
+    if (need(http::verb::post)) start_completion(ApiKind::kChat, req);
+  } else if (target == "/health") {
+    if (need(http::verb::get)) send_json(200, "");
+  } else if (target == "/v1/models") {
+    if (need(http::verb::get)) send_json(200, worker_->models_json());
+  } else if (target == "/metrics") {
+    if (need(http::verb::get)) {
+      Response res{http::status::ok, 11};
+      res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      res.body() = worker_->metrics_text();
+      send(std::move(res));
+    }
+  } else if (target == "/tokenize") {
+    if (need(http::verb::post)) {
+      const auto& limits = worker_->config().limits;
+      auto toks = parse_tokenize_request(req.body(), limits);
+      if (!toks) return send_error(toks.error());
+      send_json(200, tokenize_response(*toks, limits.max_model_len));
+    }
+  } else if (target == "/debug/kv_blocks") {
+    if (need(http::verb::get)) send_json(200, worker_->kv_blocks_json());
+  } else if (target == "/reset_prefix_cache") {
+    if (need(http::verb::post)) {
+      if (worker_->reset_prefix_cache()) return send_json(200, "");
+      send_error(make_error("cannot reset the prefix cache while requests hold blocks", 409, "server_error"));
+    }
+  } else if (target == "/version") {
+    if (need(http::verb::get)) send_json(200, "{\"version\":\"kvroute-sim\"}");
+  } else {
+    send_error(make_error("no route for " + std::string(target), 404, "NotFoundError", "not_found"));
+  }
+}
+
+void SimSession::start_completion(ApiKind kind, Request& req) {
+  auto parsed = parse_api_request(kind, req.body(), worker_->config().limits);
+  if (!parsed) return send_error(parsed.error());
+  stream_mode_ = parsed->stream;
+  include_usage_ = parsed->include_usage;
+  auto sub = worker_->submit(std::move(*parsed), shared_from_this());
+  if (!sub) return send_error(sub.error());
+  active_ = true;
+  request_id_ = sub->id;
+  fingerprint_ = sub->fingerprint;
+  cached_tokens_ = 0;
+  text_.clear();
+  // Like vLLM, the response id carries the caller's X-Request-Id when there is one (a bounded, printable one),
+  // so the same request sent twice gets the same response.
+  std::string caller_id(req["x-request-id"]);
+  const bool usable = !caller_id.empty() && caller_id.size() <= 128 &&
+                      std::all_of(caller_id.begin(), caller_id.end(), [](char c) { return c > 0x20 && c < 0x7f && c != '"' && c != '\\'; });
+  const std::string id = std::string(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") +
+                         (usable ? caller_id
+                                 : "sim" + std::to_string(worker_->config().index) + "-" + std::to_string(request_id_));
+  const auto created = std::chrono::duration_cast<std::chrono::seconds>(
+                           std::chrono::system_clock::now().time_since_epoch()).count();
+  fmt_.emplace(kind, id, created, worker_->config().limits.served_model_name);
+  if (stream_mode_) {
+    header_pending_ = true;
+    stream_done_ = false;
+    out_pending_.clear();
+    fmt_->sse_role(out_pending_);
+    schedule_flush();
+  }
+  watch();
+}
+
+// ---- RequestObserver ----
+
+void SimSession::on_first_token(std::uint32_t cached_tokens) { cached_tokens_ = cached_tokens; }
+
+void SimSession::on_token(std::uint32_t index) {
+  if (!active_) return;
+  const std::string_view piece = generated_piece(fingerprint_, index);
+  if (!stream_mode_) {
+    text_.append(piece);
+    return;
+  }
+  fmt_->sse_token(out_pending_, piece);
+  if (out_pending_.size() > kMaxQueuedStreamBytes) {
+    // The client does not read; drop it. close() cancels the request (deferred by the worker if we are
+    // inside its advance()).
+    return close();
+  }
+  schedule_flush();
+}
+
+void SimSession::on_finish(const ApiUsage& usage) {
+  if (!active_) return;
+  active_ = false;
+  if (!stream_mode_) {
+    Response res{http::status::ok, parser_->get().version()};
+    res.set(http::field::content_type, "application/json");
+    res.body() = fmt_->full(text_, usage);
+    return send(std::move(res));
+  }
+  fmt_->sse_finish(out_pending_);
+  if (include_usage_) fmt_->sse_usage(out_pending_, usage);
+  ResponseFormatter::sse_done(out_pending_);
+  stream_done_ = true;
+  schedule_flush();
+}
+
+// ---- plain responses ----
+
+void SimSession::send_json(unsigned status, std::string body) {
+  Response res{static_cast<http::status>(status), parser_ ? parser_->get().version() : 11u};
+  res.set(http::field::content_type, "application/json");
+  res.body() = std::move(body);
+  send(std::move(res));
+}
+
+void SimSession::send_error(const Error& e) { send_json(static_cast<unsigned>(e.status), error_body(e)); }
+
+void SimSession::send(Response res) {
+  if (closed_) return;
+  res.set(http::field::server, "kvroute-sim");
+  res.keep_alive(keep_alive_);
+  res.prepare_payload();
+  res_.emplace(std::move(res));
+  stream_.expires_after(kWriteTimeout);
+  http::async_write(stream_, *res_,
+                    beast::bind_front_handler(&SimSession::on_write, shared_from_this(), res_->keep_alive()));
+}
+
+void SimSession::on_write(bool keep_alive, beast::error_code ec, std::size_t) {
+  res_.reset();
+  if (ec) return close();
+  if (!keep_alive) return close();
+  finish_exchange();
+}
+
+// ---- streaming ----
+
+void SimSession::schedule_flush() {
+  if (flush_posted_ || writing_) return;  // a write in flight flushes again when it completes
+  flush_posted_ = true;
+  net::post(stream_.get_executor(), [self = shared_from_this()] {
+    self->flush_posted_ = false;
+    self->flush();
+  });
+}
+
+void SimSession::flush() {
+  if (writing_ || closed_ || out_pending_.empty()) return;
+  out_writing_.clear();
+  if (header_pending_) {
+    // Written by hand rather than through a Beast serializer so that it shares one write with the first
+    // chunk; the fields are fixed, only Connection depends on the request.
+    header_pending_ = false;
+    out_writing_.append(parser_->get().version() == 10 ? "HTTP/1.0" : "HTTP/1.1");
+    out_writing_.append(" 200 OK\r\nServer: kvroute-sim\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+                        "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n");
+    out_writing_.append(keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n");
+  }
+  // One HTTP chunk per write: every SSE event queued since the last write goes out together.
+  char size_line[24];
+  const int n = std::snprintf(size_line, sizeof size_line, "%zx\r\n", out_pending_.size());
+  out_writing_.append(size_line, static_cast<std::size_t>(n));
+  out_writing_.append(out_pending_).append("\r\n");
+  if (stream_done_) {
+    out_writing_.append("0\r\n\r\n");  // last-chunk: the response is complete
+    last_write_ = true;
+  }
+  out_pending_.clear();
+  writing_ = true;
+  stream_.expires_after(kWriteTimeout);
+  net::async_write(stream_, net::buffer(out_writing_),
+                   beast::bind_front_handler(&SimSession::on_stream_write, shared_from_this()));
+}
+
+void SimSession::on_stream_write(beast::error_code ec, std::size_t) {
+  writing_ = false;
+  if (ec) return close();  // the client is gone: close() cancels the request
+  if (!out_pending_.empty()) return flush();
+  if (last_write_) {
+    last_write_ = false;
+    stream_done_ = false;
+    if (!keep_alive_) return close();
+    finish_exchange();
+  }
+}
+
+// ---- disconnect detection ----
+
+void SimSession::watch() {
+  if (watching_ || closed_) return;
+  watching_ = true;
+  // On the raw socket, not through tcp_stream: this read must not be subject to the idle timeout (a long
+  // generation is not idleness), and tcp_stream allows one read at a time anyway.
+  stream_.socket().async_read_some(buffer_.prepare(4096),
+                                   beast::bind_front_handler(&SimSession::on_watch, shared_from_this()));
+}
+
+void SimSession::on_watch(beast::error_code ec, std::size_t bytes) {
+  watching_ = false;
+  if (!ec) {
+    buffer_.commit(bytes);  // a pipelined request: parse it after this exchange
+  } else if (ec != net::error::operation_aborted) {
+    return close();  // EOF or reset while the request runs: the client is gone
+  }
+  if (closed_) return;
+  if (want_read_) {
+    want_read_ = false;
+    do_read();
+  }
+}
+
+void SimSession::finish_exchange() {
+  if (watching_) {
+    // Stop the watch; its handler (operation_aborted, or data that raced in) starts the next read.
+    want_read_ = true;
+    beast::error_code ignored;
+    stream_.socket().cancel(ignored);
+    return;
+  }
+  do_read();
+}
+
+void SimSession::close() {
+  if (active_) {
+    active_ = false;
+    worker_->cancel(request_id_);
+  }
+  if (closed_) return;
+  closed_ = true;
+  beast::error_code ignored;
+  stream_.socket().shutdown(net::ip::tcp::socket::shutdown_both, ignored);
+  stream_.socket().close(ignored);
+}
+
+}  // namespace kvroute::sim

@@ -1,0 +1,383 @@
+#include "backends/sim/server/worker.h"
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/socket_base.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "backends/sim/server/session.h"
+#include "backends/sim/server/tokenizer.h"
+#include "hashing/block_chain.h"
+
+namespace kvroute::sim {
+
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+namespace {
+
+// vLLM's TTFT buckets (seconds) and a coarser set for end-to-end latency.
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                          1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kE2eBuckets = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                                         40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+void observe(const std::vector<double>& buckets, std::vector<std::uint64_t>& counts, double v) {
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    if (v <= buckets[i]) {
+      ++counts[i];
+      return;
+    }
+  }
+  ++counts.back();  // the +Inf bucket
+}
+
+std::string fmt_double(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.12g", v);
+  return buf;
+}
+
+}  // namespace
+
+// Forwards engine callbacks to the observers and collects the KV events of one advance() into a batch.
+class SimWorker::Sink : public EngineSink {
+ public:
+  explicit Sink(SimWorker& w) : w_(w), batch_(w.config_.kv_events_encoding) {}
+
+  void on_first_token(std::uint64_t id, double t, std::uint32_t cached_tokens, std::uint32_t) override {
+    auto it = w_.inflight_.find(id);
+    if (it == w_.inflight_.end()) return;
+    const double ttft = t - it->second.submitted_at;
+    observe(kTtftBuckets, w_.ttft_counts_, ttft);
+    w_.ttft_sum_ += ttft;
+    ++w_.ttft_count_;
+    auto obs = it->second.observer;  // keep the session alive across the call
+    obs->on_first_token(cached_tokens);
+  }
+  void on_token(std::uint64_t id, double, std::uint32_t index) override {
+    auto it = w_.inflight_.find(id);
+    if (it == w_.inflight_.end()) return;
+    auto obs = it->second.observer;
+    obs->on_token(index);
+  }
+  void on_finish(std::uint64_t id, double t, const Usage& usage) override {
+    auto it = w_.inflight_.find(id);
+    if (it == w_.inflight_.end()) return;
+    const double e2e = t - it->second.submitted_at;
+    observe(kE2eBuckets, w_.e2e_counts_, e2e);
+    w_.e2e_sum_ += e2e;
+    ++w_.e2e_count_;
+    ++w_.requests_success_;
+    auto obs = std::move(it->second.observer);
+    w_.inflight_.erase(it);
+    obs->on_finish(ApiUsage{usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens});
+  }
+
+  void on_blocks_stored(std::span<const std::uint64_t> hashes, std::optional<std::uint64_t> parent,
+                        std::uint64_t request_id, std::uint32_t first_block_index, Medium medium, double) override {
+    const std::uint32_t bt = w_.engine_.config().block_tokens;
+    const auto req = w_.inflight_.find(request_id);
+    tokens_.clear();
+    for (std::size_t k = 0; k < hashes.size(); ++k) {
+      auto& entry = w_.block_tokens_[hashes[k]];
+      if (entry.tokens.empty() && req != w_.inflight_.end()) {
+        const std::size_t begin = static_cast<std::size_t>(first_block_index + k) * bt;
+        const auto& toks = req->second.tokens;
+        if (begin + bt <= toks.size()) entry.tokens.assign(toks.begin() + begin, toks.begin() + begin + bt);
+      }
+      entry.media |= static_cast<std::uint8_t>(1u << static_cast<unsigned>(medium));
+      tokens_.insert(tokens_.end(), entry.tokens.begin(), entry.tokens.end());
+    }
+    if (w_.publisher_) batch_.stored(hashes, parent, tokens_, bt, medium_name(medium));
+  }
+  void on_blocks_removed(std::span<const std::uint64_t> hashes, Medium medium, double) override {
+    for (std::uint64_t h : hashes) {
+      auto it = w_.block_tokens_.find(h);
+      if (it == w_.block_tokens_.end()) continue;
+      it->second.media &= static_cast<std::uint8_t>(~(1u << static_cast<unsigned>(medium)));
+      if (it->second.media == 0) w_.block_tokens_.erase(it);
+    }
+    if (w_.publisher_) batch_.removed(hashes, medium_name(medium));
+  }
+  void on_all_cleared(double) override {
+    w_.block_tokens_.clear();
+    if (w_.publisher_) batch_.cleared();
+  }
+
+  KvEventBatch& batch() { return batch_; }
+
+ private:
+  SimWorker& w_;
+  KvEventBatch batch_;
+  std::vector<std::uint32_t> tokens_;
+};
+
+Result<std::shared_ptr<SimWorker>> SimWorker::create(net::io_context& io, SimWorkerConfig config) {
+  Engine engine(config.engine);
+  std::shared_ptr<SimWorker> w(new SimWorker(io, std::move(config), std::move(engine)));
+  const auto& c = w->config_;
+  const std::string where = c.host + ":" + std::to_string(c.port);
+  boost::system::error_code ec;
+  const auto addr = net::ip::make_address(c.host, ec);
+  if (ec) return make_error("--host: '" + c.host + "' is not an IP address", 500, "server_error");
+  const tcp::endpoint ep(addr, c.port);
+  w->acceptor_.open(ep.protocol(), ec);
+  if (!ec) w->acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) w->acceptor_.bind(ep, ec);
+  if (!ec) w->acceptor_.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) return make_error("cannot listen on " + where + ": " + ec.message(), 500, "server_error");
+  if (!c.kv_events.endpoint.empty()) {
+    auto pub = KvEventPublisher::open(c.zmq_context, c.kv_events);
+    if (!pub) return pub.error();
+    w->publisher_ = std::move(*pub);
+  }
+  return w;
+}
+
+SimWorker::SimWorker(net::io_context& io, SimWorkerConfig config, Engine engine)
+    : io_(io), config_(std::move(config)), engine_(std::move(engine)), acceptor_(io), timer_(io) {}
+
+SimWorker::~SimWorker() = default;
+
+void SimWorker::start() {
+  start_ = std::chrono::steady_clock::now();
+  created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+                 .count();
+  do_accept();
+}
+
+void SimWorker::stop() {
+  stopped_ = true;
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  timer_.cancel();
+  // In-flight requests hold their sessions and the sessions hold this worker: break the cycle.
+  inflight_.clear();
+}
+
+void SimWorker::do_accept() {
+  if (stopped_) return;
+  acceptor_.async_accept([self = shared_from_this()](boost::system::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted || self->stopped_) return;
+    if (!ec) {
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);  // SSE chunks must not wait for Nagle
+      std::make_shared<SimSession>(std::move(socket), self)->run();
+    }
+    // Errors such as EMFILE are per connection; keep accepting.
+    self->do_accept();
+  });
+}
+
+double SimWorker::engine_now() {
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  last_now_ = std::max(last_now_, wall * config_.speed);
+  return last_now_;
+}
+
+Result<SimWorker::Submitted> SimWorker::submit(ApiRequest request, std::shared_ptr<RequestObserver> observer) {
+  if (stopped_) return make_error("worker is shutting down", 503, "server_error");
+  const std::uint64_t id = next_id_++;
+  Inflight f;
+  f.observer = std::move(observer);
+  f.prompt_tokens = static_cast<std::uint32_t>(request.prompt_tokens.size());
+  f.tokens = std::move(request.prompt_tokens);
+  const std::uint64_t fingerprint = prompt_fingerprint(f.tokens, config_.seed);
+  // The output is known in advance (deterministic), so the chain covers prompt + output and the engine
+  // caches output blocks as decoding fills them, like vLLM. Each generated piece is one token.
+  f.tokens.reserve(f.tokens.size() + request.max_tokens);
+  for (std::uint32_t i = 0; i < request.max_tokens; ++i) {
+    tokenize_append(generated_piece(fingerprint, i), f.tokens);
+  }
+  f.tokens.resize(f.prompt_tokens + request.max_tokens, kNewlineToken);
+  std::uint64_t root = hashing::namespace_root(config_.limits.served_model_name, request.cache_salt);
+  if (config_.seed != 0) root = hashing::hash_block(root, &config_.seed, sizeof config_.seed);
+  auto chain = hashing::hash_tokens(root, f.tokens, engine_.config().block_tokens);
+  const double now = engine_now();
+  f.submitted_at = now;
+  auto accepted = engine_.submit(
+      SimRequest{.id = id, .block_hashes = std::move(chain.hashes), .prompt_tokens = f.prompt_tokens,
+                 .max_tokens = request.max_tokens},
+      now);
+  if (!accepted) {
+    ++requests_rejected_;
+    Error e = accepted.error();
+    if (e.status < 400 || e.status > 599) e.status = 400;
+    return e;
+  }
+  inflight_.emplace(id, std::move(f));
+  arm_timer();
+  return Submitted{id, fingerprint};
+}
+
+void SimWorker::cancel(std::uint64_t id) {
+  if (in_advance_) {
+    // Called from an observer inside advance(): the engine is mid-call; cancel right after it returns.
+    pending_cancels_.push_back(id);
+    return;
+  }
+  engine_.cancel(id, engine_now());
+  inflight_.erase(id);
+  arm_timer();
+}
+
+void SimWorker::arm_timer() {
+  if (stopped_) return;
+  const double next = engine_.next_event_time();
+  if (!std::isfinite(next)) return;  // idle; a stale wait that fires finds nothing to do
+  const auto when = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                 std::chrono::duration<double>(next / config_.speed));
+  if (armed_for_ <= when) return;  // an earlier wake-up is already pending; it re-arms after advancing
+  armed_for_ = when;
+  armed_engine_time_ = next;
+  timer_.expires_at(when);  // cancels the later wait, whose handler sees operation_aborted
+  timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) { self->on_timer(ec); });
+}
+
+void SimWorker::on_timer(boost::system::error_code ec) {
+  if (ec == net::error::operation_aborted || stopped_) return;
+  armed_for_ = std::chrono::steady_clock::time_point::max();
+  // The wait ended at (or just after) the wall time of armed_engine_time_; rounding must not leave the
+  // engine short of its own event, or we would spin re-arming the same instant.
+  last_now_ = std::max(last_now_, armed_engine_time_);
+  run_advance(engine_now());
+  arm_timer();
+}
+
+void SimWorker::run_advance(double now) {
+  Sink sink(*this);
+  in_advance_ = true;
+  engine_.advance(now, sink);
+  in_advance_ = false;
+  publish(sink.batch());
+  if (!pending_cancels_.empty()) {
+    auto ids = std::move(pending_cancels_);
+    pending_cancels_.clear();
+    for (std::uint64_t id : ids) {
+      engine_.cancel(id, now);
+      inflight_.erase(id);
+    }
+  }
+}
+
+bool SimWorker::reset_prefix_cache() {
+  Sink sink(*this);
+  in_advance_ = true;
+  const bool ok = engine_.reset_prefix_cache(engine_now(), sink);
+  in_advance_ = false;
+  publish(sink.batch());
+  return ok;
+}
+
+void SimWorker::publish(KvEventBatch& batch) {
+  if (!publisher_ || batch.empty()) return;
+  const double ts =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  publisher_->publish(batch.encode(ts, 0));
+  ++kv_event_batches_;
+}
+
+std::string SimWorker::models_json() const {
+  std::string out = "{\"object\":\"list\",\"data\":[{\"id\":";
+  append_json_string(out, config_.limits.served_model_name);
+  out.append(",\"object\":\"model\",\"created\":").append(std::to_string(created_));
+  out.append(",\"owned_by\":\"kvroute-sim\",\"root\":");
+  append_json_string(out, engine_.config().model.name);
+  out.append(",\"parent\":null,\"max_model_len\":").append(std::to_string(config_.limits.max_model_len));
+  out.append(",\"permission\":[]}]}");
+  return out;
+}
+
+std::string SimWorker::kv_blocks_json() const {
+  // Hashes as decimal strings of the unsigned 64-bit value: JSON numbers lose precision above 2^53 in
+  // most clients. KV events carry the same bits as signed int64.
+  std::string out = "{\"block_size\":" + std::to_string(engine_.config().block_tokens) + ",\"gpu\":[";
+  const auto gpu = engine_.cached_block_hashes(Medium::kGpu);
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    if (i) out.push_back(',');
+    out.append("\"").append(std::to_string(gpu[i])).append("\"");
+  }
+  out.append("],\"cpu\":[");
+  const auto cpu = engine_.cached_block_hashes(Medium::kCpu);
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    if (i) out.push_back(',');
+    out.append("\"").append(std::to_string(cpu[i])).append("\"");
+  }
+  out.append("]}");
+  return out;
+}
+
+std::string SimWorker::metrics_text() const {
+  const EngineStats s = engine_.stats();
+  const auto& ec = engine_.config();
+  std::string label = "model_name=";
+  append_json_string(label, config_.limits.served_model_name);  // a JSON string is a valid label value here
+  label.append(",engine=\"0\"");
+  std::string out;
+  out.reserve(8192);
+  auto gauge = [&](const char* name, const char* help, double v) {
+    out.append("# HELP ").append(name).append(" ").append(help).append("\n# TYPE ").append(name).append(" gauge\n");
+    out.append(name).append("{").append(label).append("} ").append(fmt_double(v)).append("\n");
+  };
+  auto counter = [&](const char* name, const char* help, double v) {
+    out.append("# HELP ").append(name).append(" ").append(help).append("\n# TYPE ").append(name).append(" counter\n");
+    out.append(name).append("_total{").append(label).append("} ").append(fmt_double(v)).append("\n");
+  };
+  auto histogram = [&](const char* name, const char* help, const std::vector<double>& buckets,
+                       const std::vector<std::uint64_t>& counts, double sum, std::uint64_t count) {
+    out.append("# HELP ").append(name).append(" ").append(help).append("\n# TYPE ").append(name).append(" histogram\n");
+    std::uint64_t cum = 0;
+    for (std::size_t i = 0; i < buckets.size(); ++i) {
+      cum += counts[i];
+      out.append(name).append("_bucket{").append(label).append(",le=\"").append(fmt_double(buckets[i]));
+      out.append("\"} ").append(std::to_string(cum)).append("\n");
+    }
+    out.append(name).append("_bucket{").append(label).append(",le=\"+Inf\"} ").append(std::to_string(count)).append("\n");
+    out.append(name).append("_sum{").append(label).append("} ").append(fmt_double(sum)).append("\n");
+    out.append(name).append("_count{").append(label).append("} ").append(std::to_string(count)).append("\n");
+  };
+  gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.running);
+  gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.waiting);
+  gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage);
+  gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage (older name). 1 means 100 percent usage.", s.kv_usage);
+  counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+          static_cast<double>(s.prefix_cache_queries));
+  counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+          static_cast<double>(s.prefix_cache_hits));
+  counter("vllm:cpu_prefix_cache_hits", "Prefix tokens found on the CPU tier (kvroute-sim only).",
+          static_cast<double>(s.cpu_cache_hits));
+  counter("vllm:prompt_tokens", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens_computed));
+  counter("vllm:generation_tokens", "Number of generation tokens processed.", static_cast<double>(s.generation_tokens));
+  counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", static_cast<double>(s.preemptions));
+  out.append("# HELP vllm:request_success Count of successfully processed requests.\n"
+             "# TYPE vllm:request_success counter\n");
+  out.append("vllm:request_success_total{").append(label).append(",finished_reason=\"length\"} ");
+  out.append(std::to_string(requests_success_)).append("\n");
+  counter("kvroute_sim:requests_rejected", "Requests the engine refused (e.g. larger than the KV pool).",
+          static_cast<double>(requests_rejected_));
+  counter("kvroute_sim:requests_cancelled", "Requests cancelled because their client went away.",
+          static_cast<double>(s.requests_cancelled));
+  counter("kvroute_sim:gpu_evictions", "Cached GPU blocks evicted for reuse.", static_cast<double>(s.gpu_evictions));
+  counter("kvroute_sim:cpu_evictions", "Blocks dropped from the CPU tier.", static_cast<double>(s.cpu_evictions));
+  counter("kvroute_sim:kv_event_batches", "KV-event batches published.", static_cast<double>(kv_event_batches_));
+  gauge("kvroute_sim:gpu_cached_blocks", "Blocks with a hash on the GPU.", static_cast<double>(s.gpu_cached_blocks));
+  gauge("kvroute_sim:cpu_cached_blocks", "Blocks with a hash on the CPU tier.", static_cast<double>(s.cpu_cached_blocks));
+  gauge("kvroute_sim:speed", "Simulated seconds per wall second (--speed).", config_.speed);
+  histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds (simulated time).",
+            kTtftBuckets, ttft_counts_, ttft_sum_, ttft_count_);
+  histogram("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds (simulated time).",
+            kE2eBuckets, e2e_counts_, e2e_sum_, e2e_count_);
+  out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+             "# TYPE vllm:cache_config_info gauge\n");
+  out.append("vllm:cache_config_info{block_size=\"").append(std::to_string(ec.block_tokens));
+  out.append("\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",gpu_memory_utilization=\"");
+  out.append(fmt_double(ec.gpu_memory_utilization)).append("\",num_cpu_blocks=\"");
+  out.append(std::to_string(s.num_cpu_blocks)).append("\",num_gpu_blocks=\"").append(std::to_string(s.num_gpu_blocks));
+  out.append("\",engine=\"0\"} 1\n");
+  return out;
+}
+
+}  // namespace kvroute::sim

@@ -1,0 +1,146 @@
+// SimWorker: one simulated vLLM worker in real time: an Engine advanced by a steady_timer, its HTTP
+// listener, its KV-event publisher and its metrics.
+//
+// Time: engine time (seconds) = wall seconds since the worker started x speed. The timer is always armed
+// for the engine's next_event_time(), mapped back to wall time, so an idle worker costs nothing and a busy
+// one wakes once per engine step (or less: advance() runs every step that ended by `now`).
+//
+// Threading: everything (acceptor, sessions, timer, engine, PUB socket) runs on the one io_context thread
+// that the SimServer runs; that thread is the implicit strand, so nothing here takes a lock. Only the
+// KV-event replay thread is separate (see kv_events.h).
+//
+// Requests: submit() hands the engine a SimRequest whose block hashes cover prompt + output tokens (the
+// output is deterministic, so its blocks get cached as decoding fills them, as on vLLM), and reports
+// progress to the RequestObserver until on_finish or cancel(). The observer (an HTTP session) is kept alive
+// by the worker while its request is in flight.
+//
+//   auto w = SimWorker::create(io, config);        // Result<std::shared_ptr<SimWorker>>
+//   w.value()->start();                            // accept connections
+//   auto id = worker.submit(std::move(api_request), session);   // session->on_token(...) follows
+#pragma once
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/sim/engine.h"
+#include "backends/sim/server/kv_events.h"
+#include "backends/sim/server/openai_api.h"
+#include "util/result.h"
+
+namespace kvroute::sim {
+
+// What a session learns about its request. Called on the io thread, from inside the engine's advance().
+class RequestObserver {
+ public:
+  virtual ~RequestObserver() = default;
+  virtual void on_first_token(std::uint32_t cached_tokens) = 0;
+  // Output token `index` is ready; its text is generated_piece(fingerprint, index).
+  virtual void on_token(std::uint32_t index) = 0;
+  virtual void on_finish(const ApiUsage& usage) = 0;
+};
+
+struct SimWorkerConfig {
+  int index = 0;  // worker number in the process (names, ports)
+  std::string host;
+  std::uint16_t port = 0;
+  EngineConfig engine;
+  ApiLimits limits;         // served model name, max_model_len, defaults
+  double speed = 1.0;
+  std::uint64_t seed = 0;
+  std::size_t max_body_bytes = 8u << 20;
+  double idle_timeout_s = 60;
+  // KV events; empty endpoint = off.
+  KvEventPublisherConfig kv_events;
+  KvEventEncoding kv_events_encoding = KvEventEncoding::kPositional;
+  void* zmq_context = nullptr;
+};
+
+class SimWorker : public std::enable_shared_from_this<SimWorker> {
+ public:
+  static Result<std::shared_ptr<SimWorker>> create(boost::asio::io_context& io, SimWorkerConfig config);
+  ~SimWorker();
+
+  void start();  // begin accepting
+  void stop();   // stop accepting and advancing; in-flight requests are dropped with their sessions
+
+  struct Submitted {
+    std::uint64_t id = 0;
+    std::uint64_t fingerprint = 0;  // seed of the generated text (see tokenizer.h)
+  };
+  Result<Submitted> submit(ApiRequest request, std::shared_ptr<RequestObserver> observer);
+  // Removes an in-flight request (client gone). Unknown ids are ignored.
+  void cancel(std::uint64_t id);
+
+  // vLLM's POST /reset_prefix_cache: drops every cached block (AllBlocksCleared is published). False while
+  // a request holds blocks, as vLLM refuses then too.
+  bool reset_prefix_cache();
+
+  const SimWorkerConfig& config() const { return config_; }
+  std::uint16_t port() const { return config_.port; }
+  std::string models_json() const;
+  std::string metrics_text() const;
+  std::string kv_blocks_json() const;
+
+ private:
+  SimWorker(boost::asio::io_context& io, SimWorkerConfig config, Engine engine);
+  class Sink;
+  friend class Sink;
+
+  double engine_now();
+  void arm_timer();
+  void on_timer(boost::system::error_code ec);
+  void run_advance(double now);
+  void do_accept();
+  void publish(KvEventBatch& batch);
+
+  boost::asio::io_context& io_;
+  SimWorkerConfig config_;
+  Engine engine_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer timer_;
+  std::chrono::steady_clock::time_point armed_for_ = std::chrono::steady_clock::time_point::max();
+  std::chrono::steady_clock::time_point start_;
+  std::unique_ptr<KvEventPublisher> publisher_;
+  bool stopped_ = false;
+  double last_now_ = 0;           // engine time never goes back
+  double armed_engine_time_ = 0;  // engine time the timer is armed for
+  bool in_advance_ = false;
+  std::vector<std::uint64_t> pending_cancels_;  // cancel() calls made from inside advance()
+  std::uint64_t next_id_ = 1;
+  std::int64_t created_ = 0;
+
+  struct Inflight {
+    std::shared_ptr<RequestObserver> observer;
+    std::vector<std::uint32_t> tokens;  // prompt + output, the source of BlockStored token_ids
+    double submitted_at = 0;            // engine time
+    std::uint32_t prompt_tokens = 0;
+  };
+  std::unordered_map<std::uint64_t, Inflight> inflight_;
+  // Token ids of every block some medium holds (BlockStored of the CPU tier may come after the request
+  // that computed the block is gone). Value: 16 token ids + a bit per medium holding the block.
+  struct BlockTokens {
+    std::vector<std::uint32_t> tokens;
+    std::uint8_t media = 0;
+  };
+  std::unordered_map<std::uint64_t, BlockTokens> block_tokens_;
+
+  // Metrics kept by the server itself (the engine's counters come from stats()).
+  std::vector<std::uint64_t> ttft_counts_ = std::vector<std::uint64_t>(23);  // per bucket, +Inf last
+  double ttft_sum_ = 0;
+  std::uint64_t ttft_count_ = 0;
+  std::vector<std::uint64_t> e2e_counts_ = std::vector<std::uint64_t>(22);
+  double e2e_sum_ = 0;
+  std::uint64_t e2e_count_ = 0;
+  std::uint64_t requests_success_ = 0;
+  std::uint64_t requests_rejected_ = 0;
+  std::uint64_t kv_event_batches_ = 0;
+};
+
+}  // namespace kvroute::sim

@@ -1,0 +1,174 @@
+// Unit tests of kvroute-sim's pieces that need no process: tokenizer, request parsing, response shapes,
+// KV-event encoding, flags.
+#include <gtest/gtest.h>
+
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
+
+#include "backends/sim/server/kv_events.h"
+#include "backends/sim/server/openai_api.h"
+#include "backends/sim/server/options.h"
+#include "backends/sim/server/tokenizer.h"
+
+namespace kvroute::sim {
+namespace {
+
+namespace json = boost::json;
+
+// A string literal with embedded NUL bytes, as bytes.
+template <std::size_t N>
+std::string lit(const char (&s)[N]) {
+  return std::string(s, N - 1);
+}
+
+TEST(SimTokenizer, DeterministicAndInRange) {
+  const auto a = tokenize("The quick brown fox jumps over the lazy dog, twice!");
+  EXPECT_EQ(a, tokenize("The quick brown fox jumps over the lazy dog, twice!"));
+  for (auto t : a) {
+    EXPECT_GE(t, kFirstTextToken);
+    EXPECT_LT(t, kVocabEnd);
+  }
+  // Pieces: The, " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ",", " twice", "!".
+  EXPECT_EQ(a.size(), 12u);
+  // A long word is cut into 4-byte chunks: " internationalization" (21 bytes) -> 6 tokens.
+  EXPECT_EQ(tokenize(" internationalization").size(), 6u);
+  EXPECT_TRUE(tokenize("").empty());
+}
+
+TEST(SimTokenizer, PinnedIds) {
+  // The recipe is part of the simulator's contract (recorded traces replay to the same blocks).
+  const auto a = tokenize("Hello, world!");
+  ASSERT_EQ(a.size(), 4u);
+  EXPECT_EQ(a, (std::vector<std::uint32_t>{179341271u, 1106731362u, 1660031046u, 89291390u}));
+  EXPECT_EQ(tokenize("Hello")[0], a[0]);
+  EXPECT_EQ(tokenize(",")[0], a[1]);
+  EXPECT_EQ(tokenize(" world")[0], a[2]);
+}
+
+TEST(SimTokenizer, ChatTurnIsPrefixOfNextTurn) {
+  json::value turn1 = json::parse(R"([{"role":"user","content":"What is a KV cache?"}])");
+  json::value turn2 = json::parse(R"([{"role":"user","content":"What is a KV cache?"},
+                                      {"role":"assistant","content":" the cache of a model"},
+                                      {"role":"user","content":"More."}])");
+  auto t1 = render_chat(turn1);
+  auto t2 = render_chat(turn2);
+  ASSERT_TRUE(t1 && t2);
+  ASSERT_GT(t2->size(), t1->size());
+  EXPECT_TRUE(std::equal(t1->begin(), t1->end(), t2->begin()));
+  EXPECT_FALSE(render_chat(json::parse("[]")));
+  EXPECT_FALSE(render_chat(json::parse(R"([{"content":"x"}])")));
+}
+
+TEST(SimTokenizer, GeneratedPiecesAreSingleTokens) {
+  for (std::uint64_t i = 0; i < 500; ++i) {
+    const auto piece = generated_piece(12345, i);
+    EXPECT_EQ(tokenize(piece).size(), 1u) << "'" << piece << "'";
+  }
+  EXPECT_EQ(generated_piece(7, 3), generated_piece(7, 3));
+}
+
+TEST(SimOpenAi, ParsesCompletionAndChat) {
+  ApiLimits limits{.served_model_name = "m", .alias = "qwen3-8b", .max_model_len = 1000};
+  auto r = parse_api_request(ApiKind::kCompletion,
+                             R"({"model":"qwen3-8b","prompt":"hi there","max_tokens":5,"stream":true,)"
+                             R"("stream_options":{"include_usage":true},"ignore_eos":true,"cache_salt":"t"})",
+                             limits);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->prompt_tokens.size(), 2u);
+  EXPECT_EQ(r->max_tokens, 5u);
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_EQ(r->cache_salt, "t");
+  auto c = parse_api_request(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}]})", limits);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->max_tokens, 16u);  // the default
+  auto too_long = parse_api_request(ApiKind::kCompletion, R"({"prompt":"x","max_tokens":1000})", limits);
+  ASSERT_FALSE(too_long);
+  EXPECT_EQ(too_long.error().status, 400);
+  auto wrong_model = parse_api_request(ApiKind::kCompletion, R"({"model":"x","prompt":"x"})", limits);
+  ASSERT_FALSE(wrong_model);
+  EXPECT_EQ(wrong_model.error().status, 404);
+}
+
+TEST(SimOpenAi, ResponsesAreValidJson) {
+  ResponseFormatter chat(ApiKind::kChat, "chatcmpl-1", 42, "m\"odel");
+  std::string sse;
+  chat.sse_role(sse);
+  chat.sse_token(sse, " tok\n");
+  chat.sse_finish(sse);
+  chat.sse_usage(sse, ApiUsage{10, 2, 8});
+  ResponseFormatter::sse_done(sse);
+  std::size_t events = 0;
+  for (std::size_t p = 0; p < sse.size();) {
+    ASSERT_EQ(sse.compare(p, 6, "data: "), 0);
+    const std::size_t end = sse.find("\n\n", p);
+    ASSERT_NE(end, std::string::npos);
+    const std::string payload = sse.substr(p + 6, end - p - 6);
+    if (payload != "[DONE]") {
+      boost::system::error_code ec;
+      json::value v = json::parse(payload, ec);
+      ASSERT_FALSE(ec) << payload;
+      EXPECT_EQ(v.at("model").as_string(), "m\"odel");
+    }
+    ++events;
+    p = end + 2;
+  }
+  EXPECT_EQ(events, 5u);
+  json::value full = json::parse(ResponseFormatter(ApiKind::kCompletion, "cmpl-1", 1, "m").full(" a b", {3, 2, 0}));
+  EXPECT_EQ(full.at("usage").at("prompt_tokens_details").at("cached_tokens").as_int64(), 0);
+  EXPECT_EQ(full.at("usage").at("total_tokens").as_int64(), 5);
+  json::value err = json::parse(error_body(make_error("bad \"x\"", 400)));
+  EXPECT_EQ(err.at("error").at("message").as_string(), "bad \"x\"");
+}
+
+TEST(SimKvEvents, PositionalBatchBytes) {
+  KvEventBatch batch(KvEventEncoding::kPositional);
+  const std::uint64_t hashes[] = {0xffffffffffffffffull};  // -1 as int64
+  const std::uint32_t tokens[] = {1, 2};
+  batch.stored(hashes, std::nullopt, tokens, 16, "GPU");
+  batch.cleared();
+  const std::string bytes = batch.encode(1.5, 0);
+  const std::string expected = lit(
+      "\x93"                                  // [ts, events, rank]
+      "\xcb\x3f\xf8\x00\x00\x00\x00\x00\x00"  // 1.5
+      "\x92"                                  // two events
+      "\x98\xab" "BlockStored" "\x91\xff" "\xc0" "\x92\x01\x02" "\x10" "\xc0" "\xa3" "GPU" "\xc0"
+      "\x91\xb0" "AllBlocksCleared"
+      "\x00");
+  EXPECT_EQ(bytes, expected);
+  EXPECT_EQ(encode_seq(-1), std::string(8, '\xff'));
+  EXPECT_EQ(encode_seq(258), std::string("\0\0\0\0\0\0\x01\x02", 8));
+}
+
+TEST(SimKvEvents, MapBatchBytes) {
+  KvEventBatch batch(KvEventEncoding::kMap);
+  const std::uint64_t hashes[] = {5};
+  batch.removed(hashes, "CPU");
+  const std::string bytes = batch.encode(0.0, 0);
+  const std::string expected = lit(
+      "\x83\xa2ts\xcb\0\0\0\0\0\0\0\0"
+      "\xa6" "events" "\x91"
+      "\x83\xa4type\xac" "BlockRemoved" "\xac" "block_hashes" "\x91\x05" "\xa6" "medium" "\xa3" "CPU"
+      "\xb2" "data_parallel_rank" "\0");
+  EXPECT_EQ(bytes, expected);
+}
+
+TEST(SimOptions, ParsesFlags) {
+  auto o = parse_sim_options({"--port", "9000", "--workers=3", "--speed", "50", "--kv-events-port", "5557",
+                              "--kv-events-encoding", "map", "--num-gpu-blocks", "100", "--seed", "7"});
+  ASSERT_TRUE(o) << o.error().message;
+  EXPECT_EQ(o->port, 9000);
+  EXPECT_EQ(o->workers, 3);
+  EXPECT_DOUBLE_EQ(o->speed, 50);
+  EXPECT_EQ(o->kv_events_replay_port, 5560);  // right after the PUB range
+  EXPECT_EQ(o->kv_events_encoding, KvEventEncoding::kMap);
+  EXPECT_EQ(*o->num_gpu_blocks, 100u);
+  EXPECT_FALSE(parse_sim_options({"--port"}));
+  EXPECT_FALSE(parse_sim_options({"--port", "0"}));
+  EXPECT_FALSE(parse_sim_options({"--speed", "fast"}));
+  EXPECT_FALSE(parse_sim_options({"--frobnicate", "1"}));
+  EXPECT_FALSE(parse_sim_options({"positional"}));
+}
+
+}  // namespace
+}  // namespace kvroute::sim
