@@ -296,6 +296,15 @@ std::size_t PrefixIndex::worker_reused_blocks(WorkerId worker) const {
   return worker < workers_.size() ? workers_[worker].reused : 0;
 }
 
+void PrefixIndex::worker_stats(std::vector<std::uint64_t>& reused, std::vector<std::uint64_t>& capacity) const {
+  capacity.resize(reused.size());
+  std::shared_lock lock(mu_);
+  for (std::size_t w = 0; w < reused.size(); ++w) {
+    reused[w] = w < workers_.size() ? workers_[w].reused : 0;
+    capacity[w] = w < workers_.size() ? workers_[w].capacity : 0;
+  }
+}
+
 std::vector<BlockHash> PrefixIndex::worker_hashes(WorkerId worker) const {
   std::shared_lock lock(mu_);
   std::vector<BlockHash> out;

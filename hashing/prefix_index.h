@@ -79,6 +79,9 @@ class PrefixIndex {
   std::size_t worker_blocks(WorkerId worker) const;
   // Blocks of this worker that have been hit again since they were stored (used to price evictions).
   std::size_t worker_reused_blocks(WorkerId worker) const;
+  // worker_reused_blocks() and capacity() of every worker id below reused.size(), under one lock (the
+  // routing hot path); `capacity` is resized to match.
+  void worker_stats(std::vector<std::uint64_t>& reused, std::vector<std::uint64_t>& capacity) const;
   // The worker's block hashes, most recently used first (debugging and tests).
   std::vector<BlockHash> worker_hashes(WorkerId worker) const;
   // The worker's entries with their tiers, most recently used first.

@@ -36,10 +36,15 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   auto workers = registry_.snapshot();
   thread_local std::vector<policy::WorkerView> views;
   thread_local hashing::PrefixIndex::Match match;
+  thread_local std::vector<std::uint64_t> reused, capacity;
   backends::WorkerRegistry::fill_views(*workers, views);
+  hashing::WorkerId max_id = 0;
+  for (const auto& v : views) max_id = std::max(max_id, v.id);
+  reused.assign(static_cast<std::size_t>(max_id) + 1, 0);
+  index_.worker_stats(reused, capacity);
   for (auto& v : views) {
-    if (v.capacity_blocks == 0) v.capacity_blocks = index_.capacity(v.id);
-    v.reused_blocks = 0;
+    if (v.capacity_blocks == 0) v.capacity_blocks = capacity[v.id];
+    v.reused_blocks = reused[v.id];  // kv_cost prices evicting blocks that get reused
   }
 
   policy::RoutingContext ctx;

@@ -96,6 +96,7 @@ class PreciseFleet {
                  prompt > 0 ? reported / prompt : 0.0};
   }
 
+  int api() const { return api_; }
   int sim(int i) const { return sim_ + i; }
   int admin() const { return admin_; }
 
@@ -130,6 +131,37 @@ TEST(PreciseE2E, RouterIndexEqualsWhatWorkersHoldAfterEvictingBurst) {
   std::printf("precise mode: recall %.4f, false %.4f, hit rate %.3f\n", t.recall, t.false_rate, t.hit_rate);
   EXPECT_GE(t.recall, 0.98);
   EXPECT_LE(t.false_rate, 0.02);
+}
+
+// Text (chat) requests in precise mode are hashed over the workers' own token ids from /tokenize, so the
+// router predicts exactly the cached tokens the worker reports, turn after turn.
+TEST(PreciseE2E, ChatTextIsTokenizedByTheWorkersAndPredictedExactly) {
+  PreciseFleet fleet(/*events=*/true);
+  for (int k = 0; k < 100; ++k) {
+    auto w = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
+    bool all = true;
+    for (const auto& x : w.at("workers").as_array()) all = all && x.at("mode").as_string() == "precise";
+    if (all) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  json::array messages;
+  messages.push_back(json::object{{"role", "system"}, {"content", std::string(600, 'x') + " answer briefly"}});
+  for (int turn = 0; turn < 5; ++turn) {
+    messages.push_back(json::object{{"role", "user"}, {"content", "question " + std::to_string(turn) + " about caches"}});
+    json::object body{{"model", "qwen3-8b"}, {"messages", messages}, {"max_tokens", 8}};
+    auto r = http(fleet.api(), "POST", "/v1/chat/completions", json::serialize(body));
+    ASSERT_EQ(r.status, 200) << r.body;
+    auto v = json::parse(r.body);
+    messages.push_back(json::object{{"role", "assistant"},
+                                    {"content", v.at("choices").at(0).at("message").at("content")}});
+    std::this_thread::sleep_for(50ms);  // the turn's KV events reach the router before the next turn
+  }
+  const std::string m = http(fleet.admin(), "GET", "/metrics").body;
+  EXPECT_GE(metric_sum(m, "kvroute_tokenize_total"), 5.0);
+  const double reported = metric_sum(m, "kvroute_reported_cached_tokens_total");
+  EXPECT_GT(reported, 500.0);
+  EXPECT_EQ(metric_sum(m, "kvroute_predicted_cached_tokens_total"), reported);
+  EXPECT_EQ(metric_sum(m, "kvroute_confirmed_cached_tokens_total"), reported);
 }
 
 TEST(PreciseE2E, ApproximateModeTruthForComparison) {
