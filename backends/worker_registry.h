@@ -38,6 +38,7 @@ struct WorkerEndpoint {
   std::string kv_events_endpoint;  // optional ZMQ endpoint of the worker's KV event publisher
   std::string kv_events_replay;    // optional ZMQ endpoint of its replay socket
   std::string model;               // namespace of its KV events; empty: learned from its /v1/models
+  std::uint32_t dp_size = 1;       // data-parallel ranks publishing events (port + rank)
 };
 
 // Parses http://HOST:PORT[/] (IPv6 as [::1]); errors explain what is wrong with the URL.

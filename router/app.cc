@@ -46,6 +46,7 @@ Result<bool> App::start() {
     ep->kv_events_endpoint = w.kv_events;
     ep->kv_events_replay = w.kv_events_replay;
     ep->model = w.model;
+    ep->dp_size = w.dp_size;
     auto id = registry_.add(*ep);
     if (!id) return id.error();
   }
@@ -129,7 +130,8 @@ void App::start_events(const backends::Worker& worker) {
 
 void App::subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint& ep, const std::string& model) {
   events::SubscriberOptions o;
-  o.applier = events::applier_options(id, model);
+  o.applier = events::applier_options(id, model, ep.dp_size);
+  o.dp_size = ep.dp_size;
   o.applier.router_block_tokens = config_.block_tokens;
   o.endpoint = ep.kv_events_endpoint;
   o.replay_endpoint = ep.kv_events_replay;

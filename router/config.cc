@@ -73,7 +73,7 @@ const std::vector<Option>& options() {
        [](Config& c, const std::string& v) { auto e = check_host_port(v); if (!e) c.listen = v; return e; }},
       {"admin-listen", "HOST:PORT", "address of /metrics and /admin/* (default 127.0.0.1:9090)",
        [](Config& c, const std::string& v) { auto e = check_host_port(v); if (!e) c.admin_listen = v; return e; }},
-      {"worker", "URL[,kv_events=EP][,replay=EP][,model=NAME]",
+      {"worker", "URL[,kv_events=EP][,replay=EP][,model=NAME][,dp=N]",
        "a worker's base URL, http://HOST:PORT, optionally with its KV event publisher (e.g. "
        "kv_events=tcp://HOST:5557) for precise mode; repeat for each worker",
        [](Config& c, const std::string& v) -> std::optional<std::string> {
@@ -87,7 +87,7 @@ const std::vector<Option>& options() {
          }
          auto ep = backends::parse_worker_url(parts[0]);
          if (!ep) return ep.error().message;
-         WorkerConfig w{ep->url, "", "", ""};
+         WorkerConfig w{ep->url, "", "", "", 1};
          for (std::size_t i = 1; i < parts.size(); ++i) {
            const auto eq = parts[i].find('=');
            const std::string key = parts[i].substr(0, eq);
@@ -96,7 +96,9 @@ const std::vector<Option>& options() {
            if (key == "kv_events") w.kv_events = val;
            else if (key == "replay") w.kv_events_replay = val;
            else if (key == "model") w.model = val;
-           else return "unknown worker attribute '" + key + "' (kv_events, replay, model)";
+           else if (key == "dp") {
+             if (auto e = parse_int<std::uint32_t>(val, w.dp_size, 1, 1024)) return "dp: " + *e;
+           } else return "unknown worker attribute '" + key + "' (kv_events, replay, model, dp)";
          }
          c.workers.push_back(std::move(w));
          return std::nullopt;
@@ -192,7 +194,7 @@ std::string yaml_key(const char* flag) {
 std::optional<std::string> apply_worker_node(Config& cfg, const YAML::Node& w) {
   if (w.IsScalar()) return find_option("worker")->set(cfg, w.as<std::string>());
   if (!w.IsMap() || !w["url"]) {
-    return std::string("each worker is a URL or a map with 'url' (and optional 'kv_events', 'kv_events_replay', 'model')");
+    return std::string("each worker is a URL or a map with 'url' (and optional 'kv_events', 'kv_events_replay', 'model', 'dp_size')");
   }
   if (auto e = find_option("worker")->set(cfg, w["url"].as<std::string>())) return e;
   for (const auto& kv : w) {
@@ -202,7 +204,9 @@ std::optional<std::string> apply_worker_node(Config& cfg, const YAML::Node& w) {
     if (key == "kv_events") cfg.workers.back().kv_events = val;
     else if (key == "kv_events_replay") cfg.workers.back().kv_events_replay = val;
     else if (key == "model") cfg.workers.back().model = val;
-    else return "unknown worker key '" + key + "' (url, kv_events, kv_events_replay, model)";
+    else if (key == "dp_size") {
+      if (auto e = parse_int<std::uint32_t>(val, cfg.workers.back().dp_size, 1, 1024)) return "dp_size: " + *e;
+    } else return "unknown worker key '" + key + "' (url, kv_events, kv_events_replay, model, dp_size)";
   }
   return std::nullopt;
 }
@@ -292,7 +296,7 @@ std::string help_text() {
   out << "kvroute: a prefix-cache-aware router for OpenAI-compatible LLM workers\n\n"
          "usage: kvroute [--config FILE] [--worker URL ...] [options]\n\n"
          "Every option can also be set in the YAML file under the same name with '_' for '-'\n"
-         "(workers: a list of URLs, or of maps {url, kv_events, kv_events_replay, model}).\n\noptions:\n";
+         "(workers: a list of URLs, or of maps {url, kv_events, kv_events_replay, model, dp_size}).\n\noptions:\n";
   for (const auto& o : options()) {
     std::string left = std::string("  --") + o.name + (o.arg[0] ? std::string(" ") + o.arg : "");
     out << left;

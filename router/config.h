@@ -20,6 +20,7 @@ struct WorkerConfig {
   std::string kv_events;         // ZMQ endpoint of the worker's KV event publisher (precise mode), optional
   std::string kv_events_replay;  // ZMQ endpoint of its replay socket, optional
   std::string model;             // model whose namespace its events belong to; empty: ask its /v1/models
+  std::uint32_t dp_size = 1;     // data-parallel ranks publishing events on consecutive ports (vLLM's layout)
 };
 
 struct Config {

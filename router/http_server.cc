@@ -335,7 +335,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
                                           beast::bind_front_handler(&ApiSession::on_upstream_write, shared_from_this())));
   }
 
+  // The exchange's handlers return at once when client_gone() ended it (no lease) while their operation was
+  // already queued.
   void on_upstream_write(beast::error_code ec, std::size_t) {
+    if (!lease_.stream) return;
     if (ec) return upstream_failed("sending to worker " + worker_->name() + ": " + ec.message(), lease_.reused);
     up_parser_.emplace();
     up_parser_->body_limit(boost::none);
@@ -347,6 +350,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   void on_upstream_header(beast::error_code ec, std::size_t) {
+    if (!lease_.stream) return;
     if (ec) return upstream_failed("reading from worker " + worker_->name() + ": " + ec.message(), lease_.reused);
     auto& up = up_parser_->get();
     down_res_ = {};
@@ -387,6 +391,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   void on_upstream_body(beast::error_code ec, std::size_t) {
+    if (!lease_.stream) return;
     if (ec == http::error::need_buffer) ec = {};
     if (ec) {
       // The head is already out: the client can only learn of the failure by the connection closing.
@@ -421,6 +426,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   void on_down_written(beast::error_code ec, std::size_t) {
+    if (!lease_.stream) return;
     if (ec == http::error::need_buffer) ec = {};
     if (ec) {
       // The client went away: drop the upstream connection so the worker cancels the request.
@@ -455,8 +461,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       svc_.router.complete(*decision_, o);
       decision_.reset();
     }
-    up_parser_.reset();
-    down_sr_.reset();
+    // up_parser_ and down_sr_ stay until the next exchange replaces them: after client_gone() an operation
+    // that was already under way may still complete into them.
   }
 
   void upstream_failed(const std::string& why, bool retry_fresh) {
@@ -502,6 +508,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
 
   void client_gone() {
     if (lease_.stream) {
+      orphan_ = lease_.stream;  // outlives an upstream operation still completing after the close
       beast::error_code ignored;
       lease_.stream->socket().shutdown(tcp::socket::shutdown_both, ignored);
       lease_.stream->socket().close(ignored);
@@ -700,6 +707,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   std::shared_ptr<backends::Worker> worker_;
   http::request<http::string_body> up_req_;
   backends::UpstreamPool::Lease lease_;
+  std::shared_ptr<beast::tcp_stream> orphan_;  // the upstream connection client_gone() closed
   bool retried_ = false;
   beast::flat_buffer up_buffer_;
   std::optional<http::response_parser<http::buffer_body>> up_parser_;

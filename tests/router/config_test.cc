@@ -52,12 +52,13 @@ TEST(Config, YamlFileThenFlagsOverride) {
 }
 
 TEST(Config, WorkerAttributesForPreciseMode) {
-  auto c = parse({"--worker", "http://127.0.0.1:8001,kv_events=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558,model=m"});
+  auto c = parse({"--worker", "http://127.0.0.1:8001,kv_events=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558,model=m,dp=2"});
   ASSERT_TRUE(c) << c.error().message;
   ASSERT_EQ(c->workers.size(), 1u);
   EXPECT_EQ(c->workers[0].kv_events, "tcp://127.0.0.1:5557");
   EXPECT_EQ(c->workers[0].kv_events_replay, "tcp://127.0.0.1:5558");
   EXPECT_EQ(c->workers[0].model, "m");
+  EXPECT_EQ(c->workers[0].dp_size, 2u);
   auto bad = parse({"--worker", "http://127.0.0.1:8001,events=x"});
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message.find("unknown worker attribute 'events'"), std::string::npos);
