@@ -1,6 +1,9 @@
 #include "router/http_server.h"
 
+#include <sys/socket.h>
+
 #include <array>
+#include <cerrno>
 #include <iostream>
 #include <random>
 
@@ -320,7 +323,9 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     svc_.pool.acquire(
         *worker_,
         [self = shared_from_this()](beast::error_code ec, backends::UpstreamPool::Lease l) {
-          asio::post(self->stream_.get_executor(), [self, ec, l = std::move(l)]() mutable { self->on_connect(ec, std::move(l)); });
+          // An idle pooled connection is handed over inline, on this strand: dispatch runs on at once.
+          asio::dispatch(self->stream_.get_executor(),
+                         [self, ec, l = std::move(l)]() mutable { self->on_connect(ec, std::move(l)); });
         },
         fresh_only);
   }
@@ -376,15 +381,45 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     status_ = up.result_int();
     tail_.clear();
     down_sr_.emplace(down_res_);
-    responding_ = true;
+    // A long stream is bounded by the request deadline, not by the idle timeout set when reading the request.
+    stream_.expires_after(seconds(svc_.config.request_timeout_s));
+    // Eager: one read passes on every chunk it brought (an SSE stream is a chunk per event), not one chunk.
+    up_parser_->eager(true);
+    // Body bytes that came with the head go out with it in one write; otherwise the head goes out alone now.
+    if (up_buffer_.size() > 0 || up_parser_->is_done()) {
+      beast::error_code perr;
+      const std::size_t got = parse_buffered(perr);
+      if (perr) return upstream_failed("reading from worker " + worker_->name() + ": " + perr.message(), false);
+      if (got > 0 || up_parser_->is_done()) return relay_piece(got, up_parser_->is_done());
+    }
     http::async_write_header(stream_, *down_sr_,
                              beast::bind_front_handler(&ApiSession::on_down_written, shared_from_this()));
   }
 
+  // Parses body bytes already in up_buffer_ into relay_ without touching the socket; returns how many it
+  // produced. A chunk header cut in two (need_more) or a full relay_ (need_buffer) just ends the pass.
+  std::size_t parse_buffered(beast::error_code& ec) {
+    auto& body = up_parser_->get().body();
+    body.data = relay_.data();
+    body.size = relay_.size();
+    while (up_buffer_.size() > 0 && body.size > 0 && !up_parser_->is_done()) {
+      const std::size_t n = up_parser_->put(up_buffer_.data(), ec);
+      up_buffer_.consume(n);
+      if (ec == http::error::need_more || ec == http::error::need_buffer) {
+        ec = {};
+        break;
+      }
+      if (ec || n == 0) break;
+    }
+    return relay_.size() - body.size;
+  }
+
   void read_upstream_body() {
     if (up_parser_->is_done()) return relay_piece(0, true);
-    up_parser_->get().body().data = relay_.data();
-    up_parser_->get().body().size = relay_.size();
+    beast::error_code perr;
+    const std::size_t got = parse_buffered(perr);  // also points the body at relay_ for the read below
+    if (perr) return on_upstream_body(perr, 0);
+    if (got > 0 || up_parser_->is_done()) return relay_piece(got, up_parser_->is_done());
     http::async_read_some(*lease_.stream, up_buffer_, *up_parser_,
                           asio::bind_executor(stream_.get_executor(),
                                               beast::bind_front_handler(&ApiSession::on_upstream_body, shared_from_this())));
@@ -446,7 +481,6 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
 
   // Ends the exchange once: releases the upstream connection and tells the router how it went.
   void finish(bool ok, bool reusable) {
-    responding_ = false;
     ++generation_;
     beast::error_code ignored;
     if (lease_.stream) {
@@ -496,14 +530,11 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (ec || gen != generation_ || !lease_.stream) return;
     beast::error_code e2;
     if (stream_.socket().available(e2) > 0) return;  // a pipelined request, not a disconnect
-    char byte;
-    beast::error_code peek;
-    stream_.socket().non_blocking(true, e2);
-    const std::size_t n = stream_.socket().receive(asio::buffer(&byte, 1), tcp::socket::message_peek, peek);
-    stream_.socket().non_blocking(false, e2);
-    if (peek == asio::error::would_block) return watch_client();  // spurious wake-up
-    if (!peek && n > 0) return;                                    // data arrived meanwhile: pipelining
-    client_gone();                                                 // end of stream or a reset
+    char byte;  // MSG_DONTWAIT rather than toggling the socket's mode: one system call, not three
+    const ssize_t n = ::recv(stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return watch_client();  // spurious
+    if (n > 0) return;                                                // data arrived meanwhile: pipelining
+    client_gone();                                                    // end of stream or a reset
   }
 
   void client_gone() {
@@ -721,7 +752,6 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   std::string sse_;            // bytes of an incomplete event (strip mode)
   std::string out_;            // events to send on (strip mode)
   unsigned status_ = 0;
-  bool responding_ = false;
   std::uint64_t generation_ = 0;
 };
 

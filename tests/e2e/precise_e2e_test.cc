@@ -172,5 +172,64 @@ TEST(PreciseE2E, ApproximateModeTruthForComparison) {
   EXPECT_GT(t.hit_rate, 0.0);
 }
 
+// The same truth over kvroute's native protobuf stream (docs/events.md section 4): kvroute-sim publishes
+// kvroute.v1.EventBatch payloads under the "kvroute.v1" topic, and the router, subscribed to every topic,
+// picks the native decoder by that prefix. After an evicting burst its entries equal what every worker holds.
+TEST(PreciseE2E, NativeEventStreamKeepsRouterIndexExactAfterEvictingBurst) {
+  const int sim = free_ports(3), ev = free_ports(3), replay = free_ports(3);
+  Process sim_proc = Process::start(
+      {bin("kvroute-sim"), "--port", std::to_string(sim), "--workers", "3", "--speed", "20", "--num-gpu-blocks", "200",
+       "--kv-events-port", std::to_string(ev), "--kv-events-replay-port", std::to_string(replay),
+       "--kv-events-format", "native"},
+      testing::TempDir() + "/kvroute-precise-native-sim.log");
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(wait_http(sim + i, "/health", 10s));
+  const int api = free_port(), admin = free_port();
+  std::vector<std::string> argv{bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
+                                "127.0.0.1:" + std::to_string(admin), "--metrics-interval", "0.2"};
+  for (int i = 0; i < 3; ++i) {
+    argv.push_back("--worker");
+    argv.push_back("http://127.0.0.1:" + std::to_string(sim + i) + ",kv_events=tcp://127.0.0.1:" +
+                   std::to_string(ev + i) + ",replay=tcp://127.0.0.1:" + std::to_string(replay + i));
+  }
+  Process router = Process::start(argv, testing::TempDir() + "/kvroute-precise-native-router.log");
+  ASSERT_TRUE(wait_http(api, "/health", 10s));
+  for (int i = 0; i < 3; ++i) {
+    bool live = false;
+    for (int k = 0; k < 100 && !live; ++k) {
+      auto w = json::parse(http(admin, "GET", "/admin/workers/" + std::to_string(i) + "/blocks").body);
+      live = w.at("mode").as_string() == "precise";
+      if (!live) std::this_thread::sleep_for(50ms);
+    }
+    ASSERT_TRUE(live) << "worker " << i;
+  }
+  // The burst of PreciseFleet::burst: 24 shared 448-token prefixes with distinct tails, far more blocks than
+  // three 200-block pools hold.
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 150; ++i) {
+    const int prefix = static_cast<int>(rng() % 24);
+    json::array prompt;
+    std::mt19937_64 prng(1000 + prefix);
+    for (int t = 0; t < 448; ++t) prompt.push_back(static_cast<std::int64_t>(1000 + prng() % 50000));
+    const int tail = 16 + static_cast<int>(rng() % 64);
+    for (int t = 0; t < tail; ++t) prompt.push_back(static_cast<std::int64_t>(60000 + rng() % 1000));
+    json::object body{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}};
+    auto r = http(api, "POST", "/v1/completions", json::serialize(body));
+    ASSERT_EQ(r.status, 200) << r.body << r.error;
+  }
+  std::this_thread::sleep_for(500ms);  // let the last events arrive
+  std::size_t total = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto truth = json::parse(http(sim + i, "GET", "/debug/kv_blocks").body);
+    auto view = json::parse(http(admin, "GET", "/admin/workers/127.0.0.1:" + std::to_string(sim + i) + "/blocks").body);
+    EXPECT_EQ(view.at("mode").as_string(), "precise") << "worker " << i;
+    EXPECT_EQ(strings(view, {"gpu", "cpu", "predicted"}), strings(truth, {"gpu", "cpu"})) << "worker " << i;
+    total += strings(truth, {"gpu"}).size();
+  }
+  EXPECT_GT(total, 300u);  // the pools were full: eviction happened
+  double evictions = 0;
+  for (int i = 0; i < 3; ++i) evictions += metric_sum(http(sim + i, "GET", "/metrics").body, "kvroute_sim:gpu_evictions_total");
+  EXPECT_GT(evictions, 0.0);
+}
+
 }  // namespace
 }  // namespace kvroute::test

@@ -209,6 +209,36 @@ TEST(RouterE2E, KilledWorkerLeavesAndReturns) {
   EXPECT_GT(after[fleet.worker_name(1)], 0);
 }
 
+// A stream that outlives the client idle timeout is not cut; a client that leaves mid-stream cancels the
+// worker's request.
+TEST(RouterE2E, LongStreamsSurviveIdleTimeoutAndDisconnectsCancel) {
+  Fleet fleet(1, {"--client-idle-timeout", "0.5", "--log-level", "debug"}, /*speed=*/1);
+  json::array messages;
+  messages.push_back(json::object{{"role", "user"}, {"content", "Write a very long story."}});
+  std::size_t pieces = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = http_stream(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 200, true), {},
+                       [&](const std::string&, auto) { ++pieces; });
+  EXPECT_GT(std::chrono::steady_clock::now() - t0, 800ms);  // longer than the idle timeout
+  ASSERT_EQ(r.status, 200) << r.error;
+  EXPECT_TRUE(r.error.empty()) << r.error;
+  EXPECT_NE(r.body.find("data: [DONE]"), std::string::npos);
+
+  // Leave after the first piece of a 2000-token stream.
+  const std::string body = chat_body(messages, 2000, true);
+  const std::string request = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  raw_exchange(fleet.api(), request, 700ms);  // reads for 0.7 s, then closes
+  std::this_thread::sleep_for(500ms);
+  const std::string m = http(fleet.worker_port(0), "GET", "/metrics").body;
+  const auto pos = m.find("kvroute_sim:requests_cancelled_total");
+  ASSERT_NE(pos, std::string::npos);
+  const auto line = m.substr(pos, m.find('\n', pos) - pos);
+  EXPECT_EQ(line.substr(line.rfind(' ') + 1), "1") << line;
+  // The router noticed too, and the worker is free again.
+  EXPECT_EQ(json::parse(http(fleet.admin(), "GET", "/admin/workers").body).at("workers").at(0).at("in_flight").as_int64(), 0);
+}
+
 TEST(RouterE2E, SessionHeaderBindsToOneWorker) {
   Fleet fleet(3, {"--policy", "round_robin"});
   std::set<std::string> seen;

@@ -5,6 +5,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <cerrno>
 
 #include <atomic>
 #include <cstdlib>
@@ -137,6 +141,9 @@ HttpResponse exchange(int port, const std::string& method, const std::string& ta
     out.error = "connect: " + ec.message();
     return out;
   }
+  // Synchronous reads ignore tcp_stream expiries: bound them with SO_RCVTIMEO.
+  timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
+  setsockopt(stream.socket().native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   http_ns::request<http_ns::string_body> req{http_ns::string_to_verb(method), target, 11};
   req.set(http_ns::field::host, "127.0.0.1");
   if (!body.empty()) req.set(http_ns::field::content_type, "application/json");
@@ -195,20 +202,27 @@ HttpResponse http_stream(int port, const std::string& method, const std::string&
 }
 
 std::string raw_exchange(int port, const std::string& bytes, std::chrono::milliseconds timeout) {
+  // Synchronous Beast operations ignore tcp_stream expiries, so the deadline is enforced with SO_RCVTIMEO.
   asio::io_context io;
-  beast::tcp_stream stream(io);
-  stream.expires_after(timeout);
+  tcp::socket sock(io);
   beast::error_code ec;
-  stream.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)), ec);
+  sock.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)), ec);
   if (ec) return "";
-  asio::write(stream, asio::buffer(bytes), ec);
+  timeval tv{0, 50 * 1000};
+  setsockopt(sock.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  asio::write(sock, asio::buffer(bytes), ec);
   std::string out;
   char buf[4096];
-  while (true) {
-    std::size_t n = stream.read_some(asio::buffer(buf), ec);
-    out.append(buf, n);
-    if (ec) break;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const ssize_t n = ::recv(sock.native_handle(), buf, sizeof buf, 0);
+    if (n > 0) {
+      out.append(buf, static_cast<std::size_t>(n));
+    } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      break;
+    }
   }
+  sock.close(ec);
   return out;
 }
 
