@@ -1,18 +1,35 @@
 // kv_cost: kvroute's own policy (architecture section 7). Every healthy worker is priced in seconds of
 // expected latency and the cheapest wins:
 //
-//   g, c      tokens of the prompt matched on the worker's GPU and CPU tier; m = T - g - c to recompute
-//   prefill = m / P + c / X                          (P prefill tokens/s, X CPU->GPU tokens/s)
-//   queue   = pending prefill tokens / P             (work admitted ahead of this request)
-//           + ceil((pending + m) / chunk) x decode step   (each chunked-prefill step also runs the decode batch)
-//   evict   = blocks the request would push out x share of the worker's blocks that get reused x recompute
-//             time of one block
-//   delay   = m / P when the worker has requests decoding (chunked prefill stretches their steps)
-//   cost    = queue + prefill + alpha x evict + beta x delay
+//   g, c     tokens of the prompt matched on the worker's GPU and CPU tier; m = T - g - c to recompute
+//   prefill  = prefill_seconds(m, g + c, P) + c / X   P prefill tokens/s at the reference context, X CPU->GPU
+//                                                      tokens/s; attention makes late tokens dearer (see
+//                                                      policy/rate_learner.h)
+//   queue    = pending prefill tokens / P             work admitted ahead of this request
+//            + ceil((pending + m) / chunk) x step     each chunked-prefill step also runs the decode batch;
+//                                                      step = the worker's decode step at its current batch
+//   admit    = wait for admission: beyond the running-sequence cap, (requests over the cap) x out x step / cap
+//              (slots free as running requests finish); with the KV pool full (usage >= 0.9), the time for
+//              the pool to turn over the prefill queued ahead plus this request, about out x step per pool
+//   TTFT     = queue + prefill + admit                 (the estimate session affinity compares)
+//   evict    = blocks the request computes x share of the worker's capacity holding blocks that were hit
+//              again x recompute time of a block     (a warm cache evicts one block per block computed)
+//   dup      = 5 x prefill time of the tokens some other worker holds but this one would recompute
+//   delay    = prefill time of m when the worker is decoding (chunked prefill stretches its batch's steps)
+//            + 0.2 x out x step                      (this request's own decode time on that batch)
+//   cost     = TTFT + alpha x (evict + dup) + beta x delay
 //
-// P, X and the step time come from the WorkerView: learned online from completed requests, starting from the
-// worker's profile. Blocks a worker evicted are not in the index, so they count as recompute, never as hits.
+// What made the difference on the benchmark (docs/benchmarks.md): pricing admission (running cap and full
+// KV pool) and the batch-dependent decode step, so sessions and long chats are not stacked on a worker
+// whose TTFT looks fine until its pool fills; the duplicate term, so a conversation is not moved off the
+// worker holding its context for a small queueing gain (that kept the hit rate at the capacity bound); and
+// attention-aware prefill times, so long prompts are priced at what they cost.
+//
+// P, X and the step time come from the WorkerView: learned online from completed requests by
+// policy::RateLearner, starting from the worker's profile. Blocks a worker evicted are not in the index, so
+// they count as recompute, never as hits. Ties (equal cost) go to the worker with fewer requests in flight.
 #include "policy/policies.h"
+#include "policy/rate_learner.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +41,20 @@ namespace {
 // Chunked-prefill token budget per engine step (vLLM's default max_num_batched_tokens for chunked prefill
 // on large GPUs is 8192 in V1; smaller budgets only make the decode term larger).
 constexpr double kChunkTokens = 8192.0;
+// Output length assumed for requests that do not say (max_tokens absent).
+constexpr double kDefaultOutputTokens = 256.0;
+// KV usage (blocks in use by requests, cached-but-free blocks excluded, as vLLM reports it) from which the
+// pool counts as full and admission waits for memory.
+constexpr double kFullKvUsage = 0.9;
+// Recomputing tokens another worker already holds costs more than their prefill time: the second copy takes
+// cache space (evicting something else) and splits that prefix's future hits between two workers. Tuned on
+// the benchmark: 5 keeps conversations with their context (3 left the conversation trace at 89 % of the
+// capacity bound); 10 stops hot short prefixes (system prompts) from being replicated when their holders are
+// busy, which stacks chat sessions on a few workers.
+constexpr double kDuplicateWeight = 5.0;
+// Weight, within `delay`, of the request's own decode time on the worker's batch. Small: it only has to
+// break the tie between workers whose TTFTs look alike but whose batches (and so every later token) differ.
+constexpr double kDecodeWeight = 0.2;
 
 class KvCost final : public RoutingPolicy {
  public:
@@ -32,11 +63,12 @@ class KvCost final : public RoutingPolicy {
   bool uses_prefix_match() const override { return true; }
 
   struct Terms {
-    double ttft = 0, evict = 0, delay = 0;
-    double cost(const PolicyOptions& o) const { return ttft + o.alpha * evict + o.beta * delay; }
+    double ttft = 0, evict = 0, dup = 0, delay = 0;
+    double cost(const PolicyOptions& o) const { return ttft + o.alpha * (evict + dup) + o.beta * delay; }
   };
 
-  Terms terms(const RoutingContext& ctx, std::size_t i) const {
+  // `most_matched`: the longest match any healthy worker has for this request (for the duplicate term).
+  Terms terms(const RoutingContext& ctx, std::size_t i, double most_matched) const {
     const WorkerView& w = ctx.workers[i];
     const double tpb = ctx.tokens_per_block > 0 ? ctx.tokens_per_block : 16.0;
     const double P = std::max(w.prefill_tokens_per_s, 1.0);
@@ -45,38 +77,47 @@ class KvCost final : public RoutingPolicy {
     const double matched = static_cast<double>(ctx.matched_tokens(i));
     const double c = std::min(matched, ctx.matched_cpu_blocks(i) * tpb);
     const double m = std::max(0.0, T - matched);
-    Terms t;
-    const double prefill = m / P + c / X;
+    const double out = ctx.max_tokens > 0 ? static_cast<double>(ctx.max_tokens) : kDefaultOutputTokens;
+    const double step = std::max(w.decode_step_s, 0.0);
     const double pending = static_cast<double>(w.pending_prefill_tokens);
-    const double steps = std::ceil((pending + m) / kChunkTokens);
     const bool decoding = w.active_decode_tokens > 0 || w.running > 0;
-    const double queue = pending / P + (decoding ? steps * w.decode_step_s : 0.0);
-    t.ttft = queue + prefill;
-    if (w.capacity_blocks > 0) {
-      const double used = std::clamp(w.kv_usage, 0.0, 1.0) * static_cast<double>(w.capacity_blocks);
-      const double free_blocks = static_cast<double>(w.capacity_blocks) - used;
-      const double need = std::ceil(m / tpb);
-      if (need > free_blocks && used > 0) {
-        const double reuse = std::min(1.0, static_cast<double>(w.reused_blocks) / used);
-        t.evict = (need - free_blocks) * reuse * tpb / P;
-      }
+    Terms t;
+
+    const double prefill = prefill_seconds(m, T - m, P) + c / X;
+    const double steps = std::ceil((pending + m) / kChunkTokens);
+    const double queue = pending / P + (decoding ? steps * step : 0.0);
+    double admit = 0.0;
+    const double cap = static_cast<double>(std::max<std::uint32_t>(w.max_running, 1));
+    const double excess = static_cast<double>(w.in_flight) + 1.0 - cap;
+    if (excess > 0) admit = excess * out * step / cap;
+    if (w.capacity_blocks > 0 && w.kv_usage >= kFullKvUsage) {
+      const double pool_tokens = static_cast<double>(w.capacity_blocks) * tpb;
+      admit = std::max(admit, std::min(1.0, (pending + m + out) / pool_tokens) * out * step);
     }
-    t.delay = decoding ? m / P : 0.0;
+    t.ttft = queue + prefill + admit;
+
+    if (w.capacity_blocks > 0) {
+      const double reuse = std::min(1.0, static_cast<double>(w.reused_blocks) / static_cast<double>(w.capacity_blocks));
+      t.evict = std::ceil(m / tpb) * reuse * tpb / P;
+    }
+    if (most_matched > matched) t.dup = kDuplicateWeight * prefill_seconds(most_matched - matched, matched, P);
+    t.delay = (decoding ? prefill_seconds(m, T - m, P) : 0.0) + kDecodeWeight * out * step;
     return t;
   }
 
-  double estimate(const RoutingContext& ctx, std::size_t i) const override { return terms(ctx, i).ttft; }
+  double estimate(const RoutingContext& ctx, std::size_t i) const override { return terms(ctx, i, 0).ttft; }
 
   std::optional<Pick> pick(const RoutingContext& ctx) const override {
+    std::uint64_t most_matched = 0;
+    for (std::size_t i = 0; i < ctx.workers.size(); ++i)
+      if (ctx.workers[i].healthy) most_matched = std::max(most_matched, ctx.matched_tokens(i));
     std::optional<std::size_t> best;
     double best_cost = std::numeric_limits<double>::infinity(), best_ttft = 0;
-    std::uint64_t most_matched = 0;
     for (std::size_t k = 0; k < ctx.workers.size(); ++k) {
       const std::size_t i = (k + ctx.sequence) % ctx.workers.size();
       const WorkerView& w = ctx.workers[i];
       if (!w.healthy) continue;
-      most_matched = std::max(most_matched, ctx.matched_tokens(i));
-      const Terms t = terms(ctx, i);
+      const Terms t = terms(ctx, i, static_cast<double>(most_matched));
       const double c = t.cost(o_);
       if (!best || c < best_cost || (c == best_cost && w.in_flight < ctx.workers[*best].in_flight)) {
         best = i;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "policy/policies.h"
+#include "policy/rate_learner.h"
 #include "policy/routing_policy.h"
 
 namespace kvroute::policy {
@@ -202,7 +203,8 @@ TEST(KvCost, PrefersCachedPrefixUntilQueueingCostsMore) {
   auto pick = p->pick(s.context());
   EXPECT_EQ(pick->worker, 0u);
   EXPECT_EQ(pick->reason, Reason::kPrefixHit);
-  EXPECT_NEAR(pick->estimate_s, 0.2, 1e-9);  // 200 uncached tokens
+  // 200 uncached tokens after 800 cached ones, priced with their attention context (policy/rate_learner.h).
+  EXPECT_NEAR(pick->estimate_s, prefill_seconds(200, 800, 1000), 1e-9);
   EXPECT_EQ(pick->predicted_cached_tokens, 800u);
   s.workers[0].pending_prefill_tokens = 5000;  // 5 s of queued prefill beats a 1 s cold prefill
   pick = p->pick(s.context());

@@ -1,0 +1,543 @@
+#include "bench/simulate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <unordered_map>
+
+#include "backends/sim/engine.h"
+#include "hashing/prefix_index.h"
+#include "policy/rate_learner.h"
+
+namespace kvroute::bench {
+
+Result<ModeChoice> parse_mode(std::string_view s) {
+  if (s == "native") return ModeChoice::kNative;
+  if (s == "approximate" || s == "approx") return ModeChoice::kApproximate;
+  if (s == "precise") return ModeChoice::kPrecise;
+  if (s == "both") return ModeChoice::kBoth;
+  return make_error("--mode must be native, approximate, precise or both (got '" + std::string(s) + "')");
+}
+
+IndexMode native_mode(std::string_view p) {
+  if (p == "cache_aware" || p == "e2") return IndexMode::kApproximate;
+  if (p == "block_cost" || p == "weighted_scorers" || p == "kv_cost") return IndexMode::kPrecise;
+  return IndexMode::kNone;
+}
+
+Result<std::vector<PolicyRun>> plan_runs(const std::vector<std::string>& policies, ModeChoice mode) {
+  std::vector<PolicyRun> runs;
+  const auto& known = policy::policy_names();
+  for (const auto& p : policies) {
+    if (std::find(known.begin(), known.end(), p) == known.end()) {
+      auto err = policy::make_policy(p, {});  // for its message listing the valid names
+      return err.error();
+    }
+    const IndexMode native = native_mode(p);
+    auto label = [&](IndexMode m) {
+      if (m == native || native == IndexMode::kNone) return p;
+      return p + (m == IndexMode::kApproximate ? "(approx)" : "(precise)");
+    };
+    if (native == IndexMode::kNone) {
+      runs.push_back({p, IndexMode::kNone, p});
+      continue;
+    }
+    switch (mode) {
+      case ModeChoice::kNative: runs.push_back({p, native, label(native)}); break;
+      case ModeChoice::kApproximate: runs.push_back({p, IndexMode::kApproximate, label(IndexMode::kApproximate)}); break;
+      case ModeChoice::kPrecise: runs.push_back({p, IndexMode::kPrecise, label(IndexMode::kPrecise)}); break;
+      case ModeChoice::kBoth:
+        runs.push_back({p, native, label(native)});
+        {
+          const IndexMode other = native == IndexMode::kPrecise ? IndexMode::kApproximate : IndexMode::kPrecise;
+          runs.push_back({p, other, label(other)});
+        }
+        break;
+    }
+  }
+  return runs;
+}
+
+namespace {
+
+Result<sim::EngineConfig> engine_config(const SimOptions& o) {
+  auto cfg = sim::EngineConfig::make(o.model, o.gpu);
+  if (!cfg) return cfg.error();
+  cfg->cpu_tier_bytes = std::max(0.0, o.cpu_tier_gb) * 1e9;
+  return cfg;
+}
+
+// Profile-derived starting rates for the RateLearner: prefill throughput of a full 8K chunk over an 8K
+// context (the reference context of policy/rate_learner.h), the CPU->GPU link in tokens/s, and the decode
+// step as empty-batch time + time per context token of the batch (from a 64 x 16K batch).
+policy::WorkerRates prior_rates(const sim::Engine& e) {
+  policy::WorkerRates r;
+  const std::pair<std::uint32_t, std::uint32_t> chunk[1] = {{8192, 8192}};
+  r.prefill_tokens_per_s = 8192.0 / e.step_time(chunk, {});
+  const double kv_per_token = e.config().model.kv_bytes_per_token();
+  r.transfer_tokens_per_s = kv_per_token > 0 ? e.config().cpu_transfer_bytes_per_s / kv_per_token : 1e6;
+  r.decode_step_s = e.step_time({}, {});
+  const std::vector<std::uint32_t> batch(64, 16384);
+  r.decode_step_per_token_s = (e.step_time({}, batch) - r.decode_step_s) / (64.0 * 16384.0);
+  r.base_ttft_s = e.config().frontend_overhead_s;
+  return r;
+}
+
+double percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0.0;
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(pos));
+  const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
+}
+
+LatencyStats stats_of(std::vector<double> v) {
+  LatencyStats s;
+  std::sort(v.begin(), v.end());
+  s.count = v.size();
+  if (v.empty()) return s;
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.mean = sum / static_cast<double>(v.size());
+  s.p50 = percentile(v, 0.50);
+  s.p90 = percentile(v, 0.90);
+  s.p99 = percentile(v, 0.99);
+  return s;
+}
+
+double cov(const std::vector<double>& v) {
+  if (v.empty()) return 0.0;
+  double mean = 0;
+  for (double x : v) mean += x;
+  mean /= static_cast<double>(v.size());
+  if (mean <= 0) return 0.0;
+  double var = 0;
+  for (double x : v) var += (x - mean) * (x - mean);
+  return std::sqrt(var / static_cast<double>(v.size())) / mean;
+}
+
+std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t z = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+class FleetSim {
+ public:
+  FleetSim(const Workload& w, const PolicyRun& run, const SimOptions& o, const policy::RoutingPolicy& policy,
+           const sim::EngineConfig& cfg)
+      : w_(w), run_(run), o_(o), policy_(policy), n_(o.workers) {
+    engines_.reserve(n_);
+    for (std::size_t i = 0; i < n_; ++i) engines_.emplace_back(cfg);
+    const sim::EngineStats st = engines_[0].stats();
+    gpu_blocks_ = st.num_gpu_blocks;
+    cpu_tier_ = st.num_cpu_blocks > 0;
+    const policy::WorkerRates prior = prior_rates(engines_[0]);
+    workers_.resize(n_);
+    views_.resize(n_);
+    sinks_.reserve(n_);
+    for (std::size_t i = 0; i < n_; ++i) {
+      const auto id = static_cast<WorkerId>(i);
+      learner_.set_prior(id, prior);
+      if (run_.mode == IndexMode::kApproximate) index_.set_capacity(id, gpu_blocks_);
+      sinks_.emplace_back(this, id);
+      workers_[i].deliveries.clear();
+      if (cpu_tier_) workers_[i].media = std::make_unique<std::unordered_map<std::uint64_t, std::uint8_t>>();
+    }
+    max_running_ = cfg.max_num_seqs;
+    flights_.resize(w.requests.size());
+    uses_match_ = policy_.uses_prefix_match() && run_.mode != IndexMode::kNone;
+  }
+
+  PolicyResult run(std::atomic<std::size_t>* progress) {
+    const auto wall0 = std::chrono::steady_clock::now();
+    const double scale = o_.rate_scale > 0 ? o_.rate_scale : 1.0;
+    double next_poll = 0;
+    const double interval = o_.metrics_interval_s;
+    first_arrival_ = w_.requests.empty() ? 0.0 : w_.requests.front().arrival_s / scale;
+    last_arrival_ = w_.requests.empty() ? 0.0 : w_.requests.back().arrival_s / scale;
+    poll_metrics();
+    for (std::size_t i = 0; i < w_.requests.size(); ++i) {
+      const Request& r = w_.requests[i];
+      const double t = r.arrival_s / scale;
+      if (interval > 0) {
+        while (next_poll + interval <= t) {
+          next_poll += interval;
+          advance_all(next_poll);
+          poll_metrics();
+        }
+      }
+      advance_all(t);
+      apply_deliveries(t);
+      if (interval <= 0) poll_metrics();
+      route(r, t);
+      if (progress) progress->fetch_add(1, std::memory_order_relaxed);
+    }
+    for (std::size_t e = 0; e < n_; ++e) {
+      while (engines_[e].next_event_time() < sim::kInfinity) engines_[e].advance(engines_[e].next_event_time(), sinks_[e]);
+    }
+    PolicyResult res = summarize();
+    res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+    return res;
+  }
+
+ private:
+  using WorkerId = hashing::WorkerId;
+
+  struct Delivery {
+    double t;
+    enum Kind : std::uint8_t { kStored, kRemoved, kCleared } kind;
+    sim::Medium medium;
+    std::vector<std::uint64_t> hashes;
+  };
+
+  struct WorkerState {
+    // Router-tracked load.
+    std::uint32_t in_flight = 0;
+    std::uint64_t pending_prefill = 0;
+    std::uint64_t active_decode = 0;
+    // Last polled metrics.
+    std::uint32_t running = 0, waiting = 0;
+    double kv_usage = 0;
+    std::deque<Delivery> deliveries;  // KV events on their way to the index, in order
+    // Media holding each block, kept only with a CPU tier (the index has one tier per entry).
+    std::unique_ptr<std::unordered_map<std::uint64_t, std::uint8_t>> media;
+    std::uint64_t routed = 0;
+  };
+
+  struct Flight {
+    WorkerId worker = 0;
+    bool submitted = false;
+    double arrival = 0;
+    double first_token = -1;
+    double finish = -1;
+    double queue_est = 0;
+    std::uint64_t decode_context = 0;
+    std::uint64_t predicted_uncached = 0;
+    std::uint32_t cached = 0;
+  };
+
+  class Sink final : public sim::EngineSink {
+   public:
+    Sink(FleetSim* sim, WorkerId w) : sim_(sim), w_(w) {}
+    void on_first_token(std::uint64_t id, double t, std::uint32_t cached, std::uint32_t) override {
+      sim_->first_token(w_, id, t, cached);
+    }
+    void on_finish(std::uint64_t id, double t, const sim::Usage& u) override { sim_->finish(w_, id, t, u); }
+    void on_token(std::uint64_t, double t, std::uint32_t) override {
+      if (t <= sim_->last_arrival_) ++sim_->tokens_in_window_;
+    }
+    void on_blocks_stored(std::span<const std::uint64_t> h, std::optional<std::uint64_t>, std::uint64_t,
+                          std::uint32_t, sim::Medium m, double t) override {
+      sim_->kv_event(w_, Delivery::kStored, m, h, t);
+    }
+    void on_blocks_removed(std::span<const std::uint64_t> h, sim::Medium m, double t) override {
+      sim_->kv_event(w_, Delivery::kRemoved, m, h, t);
+    }
+    void on_all_cleared(double t) override { sim_->kv_event(w_, Delivery::kCleared, sim::Medium::kGpu, {}, t); }
+
+   private:
+    FleetSim* sim_;
+    WorkerId w_;
+  };
+
+  void advance_all(double t) {
+    for (std::size_t e = 0; e < n_; ++e) {
+      if (engines_[e].next_event_time() <= t) engines_[e].advance(t, sinks_[e]);
+    }
+  }
+
+  void poll_metrics() {
+    for (std::size_t e = 0; e < n_; ++e) {
+      const sim::EngineStats s = engines_[e].stats();
+      workers_[e].running = s.running;
+      workers_[e].waiting = s.waiting;
+      workers_[e].kv_usage = s.kv_usage;
+    }
+  }
+
+  void first_token(WorkerId w, std::uint64_t id, double t, std::uint32_t cached) {
+    Flight& f = flights_[id];
+    WorkerState& ws = workers_[w];
+    f.first_token = t;
+    f.cached = cached;
+    ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
+    ws.active_decode += w_.requests[id].prompt_tokens;
+    f.decode_context = ws.active_decode;
+  }
+
+  void finish(WorkerId w, std::uint64_t id, double t, const sim::Usage& u) {
+    Flight& f = flights_[id];
+    WorkerState& ws = workers_[w];
+    f.finish = t;
+    f.cached = u.cached_tokens;
+    ws.in_flight -= 1;
+    ws.active_decode -= std::min<std::uint64_t>(ws.active_decode, w_.requests[id].prompt_tokens);
+    // What the daemon learns from a completed response: TTFT at the client, usage.cached_tokens, ITL.
+    policy::RateObservation obs;
+    obs.ttft_s = f.first_token - f.arrival;
+    obs.queue_s = f.queue_est;
+    obs.uncached_tokens = u.prompt_tokens - std::min(u.prompt_tokens, u.cached_tokens);
+    obs.cached_tokens = u.cached_tokens;
+    obs.decode_context_tokens = f.decode_context;
+    obs.output_tokens = u.completion_tokens;
+    obs.itl_s = u.completion_tokens >= 2 ? (t - f.first_token) / (u.completion_tokens - 1) : 0.0;
+    learner_.observe(w, obs);
+  }
+
+  void kv_event(WorkerId w, Delivery::Kind kind, sim::Medium m, std::span<const std::uint64_t> h, double t) {
+    if (run_.mode != IndexMode::kPrecise) return;
+    WorkerState& ws = workers_[w];
+    if (o_.event_delay_s <= 0) {
+      apply(w, kind, m, h);
+      return;
+    }
+    ws.deliveries.push_back(Delivery{t + o_.event_delay_s, kind, m, std::vector<std::uint64_t>(h.begin(), h.end())});
+  }
+
+  void apply_deliveries(double now) {
+    if (run_.mode != IndexMode::kPrecise) return;
+    for (std::size_t e = 0; e < n_; ++e) {
+      auto& q = workers_[e].deliveries;
+      while (!q.empty() && q.front().t <= now) {
+        apply(static_cast<WorkerId>(e), q.front().kind, q.front().medium, q.front().hashes);
+        q.pop_front();
+      }
+    }
+  }
+
+  // Applies one KV event to the index. With a CPU tier a block can sit on both media while the index keeps
+  // one tier per (block, worker): it shows the GPU copy when there is one, else the CPU copy.
+  void apply(WorkerId w, Delivery::Kind kind, sim::Medium m, std::span<const std::uint64_t> h) {
+    using hashing::Tier;
+    const Tier tier = m == sim::Medium::kGpu ? Tier::kGpu : Tier::kCpu;
+    auto* media = workers_[w].media.get();
+    switch (kind) {
+      case Delivery::kCleared:
+        index_.clear_worker(w);
+        if (media) media->clear();
+        return;
+      case Delivery::kStored:
+        if (!media) {
+          index_.store(w, h, tier);
+          return;
+        }
+        for (std::uint64_t x : h) {
+          std::uint8_t& bits = (*media)[x];
+          bits |= static_cast<std::uint8_t>(1u << static_cast<int>(m));
+          const std::uint64_t one[1] = {x};
+          index_.store(w, one, (bits & 1u) ? Tier::kGpu : Tier::kCpu);
+        }
+        return;
+      case Delivery::kRemoved:
+        if (!media) {
+          index_.remove(w, h);
+          return;
+        }
+        for (std::uint64_t x : h) {
+          auto it = media->find(x);
+          if (it == media->end()) continue;
+          it->second &= static_cast<std::uint8_t>(~(1u << static_cast<int>(m)));
+          const std::uint64_t one[1] = {x};
+          if (it->second == 0) {
+            media->erase(it);
+            index_.remove(w, one);
+          } else if (m == sim::Medium::kGpu) {
+            index_.store(w, one, Tier::kCpu);
+          }
+        }
+        return;
+    }
+  }
+
+  void route(const Request& r, double t) {
+    // 1. The views the policy sees: router-tracked load, polled metrics, learned rates.
+    for (std::size_t i = 0; i < n_; ++i) {
+      const WorkerState& ws = workers_[i];
+      policy::WorkerView& v = views_[i];
+      v.id = static_cast<WorkerId>(i);
+      v.healthy = true;
+      v.in_flight = ws.in_flight;
+      v.pending_prefill_tokens = ws.pending_prefill;
+      v.active_decode_tokens = ws.active_decode;
+      v.running = ws.running;
+      v.waiting = ws.waiting;
+      v.kv_usage = ws.kv_usage;
+      v.capacity_blocks = gpu_blocks_;
+      v.reused_blocks = uses_match_ ? index_.worker_reused_blocks(v.id) : 0;
+      v.max_running = max_running_;
+      learner_.apply(v);
+    }
+    // 2. Session binding.
+    std::optional<std::size_t> preferred;
+    if (r.session != 0) {
+      auto it = sessions_.find(r.session);
+      if (it != sessions_.end() && t - it->second.second <= o_.session_ttl_s) preferred = it->second.first;
+    }
+    // 3. Match + pick, timed as the router's own decision cost.
+    const auto t0 = std::chrono::steady_clock::now();
+    policy::RoutingContext ctx;
+    ctx.chain = &r.chain;
+    ctx.tokens_per_block = kBlockTokens;
+    ctx.prompt_tokens = r.prompt_tokens;
+    ctx.max_tokens = r.output_tokens;
+    ctx.workers = views_;
+    if (uses_match_) {
+      index_.match(r.chain.hashes, match_);
+      ctx.match = &match_;
+    }
+    ctx.preferred = preferred;
+    ctx.affinity_key = r.affinity_key;
+    ctx.sequence = r.id;
+    ctx.random = mix(o_.seed, r.id);
+    const std::optional<policy::Pick> pick = policy_.pick(ctx);
+    const auto t1 = std::chrono::steady_clock::now();
+    decision_us_.push_back(static_cast<float>(std::chrono::duration<double, std::micro>(t1 - t0).count()));
+
+    const std::size_t wi = pick ? pick->worker : 0;
+    const auto w = static_cast<WorkerId>(wi);
+    WorkerState& ws = workers_[wi];
+    Flight& f = flights_[r.id];
+    f.worker = w;
+    f.arrival = t;
+    const std::uint64_t predicted_cached = uses_match_ ? ctx.matched_tokens(wi) : 0;
+    f.predicted_uncached = r.prompt_tokens - std::min<std::uint64_t>(r.prompt_tokens, predicted_cached);
+    f.queue_est = static_cast<double>(ws.pending_prefill) / std::max(views_[wi].prefill_tokens_per_s, 1.0);
+    if (r.session != 0) sessions_[r.session] = {wi, t};
+
+    // 4. The observer's updates, then the request goes to the worker.
+    if (uses_match_) {
+      // Approximate mode: the routing history is the index (capacity-bounded LRU per worker). Precise mode:
+      // the engine's events are the truth, but they arrive only after the prefill (plus the event delay),
+      // so the router also records what it just routed, as Dynamo's KV router tracks its in-flight blocks;
+      // the events then confirm or remove those entries (no capacity bound: the engine reports evictions).
+      index_.record(w, r.chain.hashes,
+                    run_.mode == IndexMode::kPrecise ? hashing::Tier::kGpu : hashing::Tier::kPredicted);
+    }
+    sim::SimRequest req;
+    req.id = r.id;
+    req.block_hashes.reserve(r.chain.hashes.size() + r.output_blocks.size());
+    req.block_hashes.assign(r.chain.hashes.begin(), r.chain.hashes.end());
+    req.block_hashes.insert(req.block_hashes.end(), r.output_blocks.begin(), r.output_blocks.end());
+    req.prompt_tokens = r.prompt_tokens;
+    req.max_tokens = r.output_tokens;
+    auto accepted = engines_[wi].submit(std::move(req), t);
+    if (!accepted) {
+      ++rejected_;
+      return;
+    }
+    f.submitted = true;
+    ws.in_flight += 1;
+    ws.pending_prefill += f.predicted_uncached;
+    ws.routed += 1;
+  }
+
+  PolicyResult summarize() {
+    PolicyResult res;
+    res.name = run_.label;
+    res.mode = run_.mode;
+    std::vector<double> ttft, cold, warm;
+    double e2e_sum = 0, itl_num = 0, itl_den = 0, first_arrival = std::numeric_limits<double>::infinity(), last = 0;
+    std::uint64_t cached = 0, prompt = 0, out = 0;
+    for (std::size_t i = 0; i < flights_.size(); ++i) {
+      const Flight& f = flights_[i];
+      const Request& r = w_.requests[i];
+      if (!f.submitted || f.finish < 0) continue;
+      ++res.completed;
+      const double x = f.first_token - f.arrival;
+      ttft.push_back(x);
+      (2ull * f.cached >= r.prompt_tokens ? warm : cold).push_back(x);
+      e2e_sum += f.finish - f.arrival;
+      if (r.output_tokens >= 2) {
+        itl_num += f.finish - f.first_token;
+        itl_den += r.output_tokens - 1;
+      }
+      cached += f.cached;
+      prompt += r.prompt_tokens;
+      out += r.output_tokens;
+      first_arrival = std::min(first_arrival, f.arrival);
+      last = std::max(last, f.finish);
+    }
+    res.hit_rate = prompt ? static_cast<double>(cached) / static_cast<double>(prompt) : 0.0;
+    res.ttft = stats_of(ttft);
+    res.ttft_cold = stats_of(cold);
+    res.ttft_warm = stats_of(warm);
+    res.e2e_mean_s = res.completed ? e2e_sum / static_cast<double>(res.completed) : 0.0;
+    res.itl_mean_s = itl_den > 0 ? itl_num / itl_den : 0.0;
+    res.output_tok_s_total = last > first_arrival ? static_cast<double>(out) / (last - first_arrival) : 0.0;
+    res.output_tok_s = last_arrival_ > first_arrival_
+                           ? static_cast<double>(tokens_in_window_) / (last_arrival_ - first_arrival_)
+                           : res.output_tok_s_total;
+    std::vector<double> busy, routed;
+    for (std::size_t e = 0; e < n_; ++e) {
+      const sim::EngineStats s = engines_[e].stats();
+      busy.push_back(s.busy_seconds);
+      routed.push_back(static_cast<double>(workers_[e].routed));
+      res.evicted_blocks += s.gpu_evictions + s.cpu_evictions;
+      res.preemptions += s.preemptions;
+    }
+    res.load_cov = cov(busy);
+    res.requests_cov = cov(routed);
+    std::vector<double> d(decision_us_.begin(), decision_us_.end());
+    std::sort(d.begin(), d.end());
+    res.decision_us_p50 = percentile(d, 0.5);
+    res.decision_us_p99 = percentile(d, 0.99);
+    std::sort(ttft.begin(), ttft.end());
+    res.ttfts = std::move(ttft);
+    return res;
+  }
+
+  const Workload& w_;
+  const PolicyRun& run_;
+  const SimOptions& o_;
+  const policy::RoutingPolicy& policy_;
+  const std::size_t n_;
+  std::vector<sim::Engine> engines_;
+  std::vector<Sink> sinks_;
+  std::vector<WorkerState> workers_;
+  std::vector<policy::WorkerView> views_;
+  std::vector<Flight> flights_;
+  hashing::PrefixIndex index_;
+  hashing::PrefixIndex::Match match_;
+  policy::RateLearner learner_;
+  std::unordered_map<std::uint64_t, std::pair<std::size_t, double>> sessions_;  // session -> (worker, last use)
+  std::vector<float> decision_us_;
+  std::uint64_t gpu_blocks_ = 0;
+  std::uint32_t max_running_ = 256;
+  bool cpu_tier_ = false;
+  bool uses_match_ = false;
+  std::size_t rejected_ = 0;
+  double first_arrival_ = 0;
+  double last_arrival_ = 0;           // arrival time of the last request (scaled)
+  std::uint64_t tokens_in_window_ = 0;  // output tokens produced up to last_arrival_
+};
+
+}  // namespace
+
+Result<FleetCapacity> fleet_capacity(const SimOptions& options) {
+  auto cfg = engine_config(options);
+  if (!cfg) return cfg.error();
+  sim::Engine e(*cfg);
+  const sim::EngineStats s = e.stats();
+  FleetCapacity c;
+  c.gpu_blocks_per_worker = s.num_gpu_blocks;
+  c.cpu_blocks_per_worker = s.num_cpu_blocks;
+  c.unloaded_prefill_tokens_per_s = prior_rates(e).prefill_tokens_per_s;
+  return c;
+}
+
+Result<PolicyResult> simulate(const Workload& workload, const PolicyRun& run, const SimOptions& options,
+                              std::atomic<std::size_t>* progress) {
+  if (options.workers == 0 || options.workers > 4096) return make_error("--workers must be between 1 and 4096");
+  auto cfg = engine_config(options);
+  if (!cfg) return cfg.error();
+  auto policy = policy::make_policy(run.policy, options.policy);
+  if (!policy) return policy.error();
+  FleetSim sim(workload, run, options, **policy, *cfg);
+  return sim.run(progress);
+}
+
+}  // namespace kvroute::bench

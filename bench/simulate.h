@@ -1,0 +1,101 @@
+// Discrete-event fleet simulation in virtual time (architecture sections 2, 5, 7, 10).
+//
+// One run drives N simulated engines (backends/sim/engine.h) through the router's real code: for every
+// arrival it builds the RoutingContext exactly as the daemon does (the request's block chain ->
+// PrefixIndex::match -> WorkerViews from router-tracked load plus worker metrics as last polled plus rates
+// learned by policy::RateLearner -> session binding -> RoutingPolicy::pick) and then feeds the index:
+//   approximate mode  PrefixIndex::record(worker, chain) with the worker's num_gpu_blocks as capacity;
+//   precise mode      the engines' own KV events (stored / removed / cleared), applied event_delay_s late,
+//                     plus the chain the router just routed (until events confirm or remove it), since the
+//                     events of a prefill arrive only after it ran: Dynamo's KV router does the same.
+// Staleness is configurable: metrics (running, waiting, KV usage) are polled every metrics_interval_s.
+//
+// Event order at equal virtual times is fixed (engines, then KV-event deliveries, then metric polls, then
+// the arrival), every random draw comes from the seed, and so the same inputs give bit-identical results.
+// Only decision_us (the router's own wall-clock decision time) varies between runs.
+//
+//   SimOptions o;  o.workers = 8;  o.rate_scale = 2;
+//   auto runs = plan_runs({"round_robin", "kv_cost"}, ModeChoice::kNative);
+//   Result<PolicyResult> r = simulate(workload, (*runs)[1], o);
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/workload.h"
+#include "policy/routing_policy.h"
+#include "util/result.h"
+
+namespace kvroute::bench {
+
+enum class IndexMode : std::uint8_t { kNone, kApproximate, kPrecise };
+enum class ModeChoice : std::uint8_t { kNative, kApproximate, kPrecise, kBoth };
+Result<ModeChoice> parse_mode(std::string_view s);
+
+struct PolicyRun {
+  std::string policy;  // a name from policy::policy_names()
+  IndexMode mode = IndexMode::kNone;
+  std::string label;   // policy name, with "(approx)" / "(precise)" when not the policy's native mode
+};
+
+// The index mode a policy's original system uses: SGLang's cache_aware and Preble's e2 keep a tree of what
+// they routed (approximate); Dynamo's block_cost and llm-d's weighted_scorers consume KV events (precise);
+// kv_cost is ours and reported precise; prefix-blind policies need no index.
+IndexMode native_mode(std::string_view policy);
+Result<std::vector<PolicyRun>> plan_runs(const std::vector<std::string>& policies, ModeChoice mode);
+
+struct SimOptions {
+  std::size_t workers = 8;
+  std::string model = "qwen3-8b";
+  std::string gpu = "h100-80gb";
+  double cpu_tier_gb = 0;           // per worker; 0 = no CPU tier (vLLM's default)
+  double rate_scale = 1.0;          // arrival times are divided by it (2 = twice the request rate)
+  std::uint64_t seed = 1;
+  double metrics_interval_s = 0.5;  // how often worker metrics are polled (0 = always fresh)
+  double event_delay_s = 0.05;      // how late KV events reach the index (precise mode)
+  double session_ttl_s = 600;       // idle time after which a session binding is dropped
+  policy::PolicyOptions policy;
+};
+
+struct LatencyStats {
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0;
+  std::size_t count = 0;
+};
+
+struct PolicyResult {
+  std::string name;  // label
+  IndexMode mode = IndexMode::kNone;
+  double hit_rate = 0;              // sum(cached tokens as engines report them) / sum(prompt tokens)
+  LatencyStats ttft, ttft_cold, ttft_warm;  // warm: the engine reported >= 50 % of the prompt cached
+  double itl_mean_s = 0;
+  double e2e_mean_s = 0;
+  // Sustained output throughput: output tokens generated while requests were arriving (first to last
+  // arrival) / that time. The tail after the last arrival (draining) is left out: it measures one request's
+  // luck more than the policy. output_tok_s_total includes it: all output tokens / (last finish - first arrival).
+  double output_tok_s = 0;
+  double output_tok_s_total = 0;
+  std::size_t completed = 0;
+  double load_cov = 0;              // coefficient of variation of engine busy time over workers
+  double requests_cov = 0;          // same, of requests per worker
+  std::uint64_t evicted_blocks = 0; // GPU (+ CPU tier) blocks whose cached content was dropped
+  std::uint64_t preemptions = 0;
+  double decision_us_p50 = 0, decision_us_p99 = 0;
+  double wall_s = 0;                // wall-clock time of this run
+  std::vector<double> ttfts;        // sorted, for CDF plots
+};
+
+// Capacity of one worker as the engine sizes it (GPU and CPU blocks), for the capacity bound.
+struct FleetCapacity {
+  std::uint64_t gpu_blocks_per_worker = 0;
+  std::uint64_t cpu_blocks_per_worker = 0;
+  double unloaded_prefill_tokens_per_s = 0;
+};
+Result<FleetCapacity> fleet_capacity(const SimOptions& options);
+
+// Runs one policy over the workload. `progress` (optional) counts arrivals routed so far.
+Result<PolicyResult> simulate(const Workload& workload, const PolicyRun& run, const SimOptions& options,
+                              std::atomic<std::size_t>* progress = nullptr);
+
+}  // namespace kvroute::bench

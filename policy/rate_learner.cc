@@ -1,0 +1,80 @@
+#include "policy/rate_learner.h"
+
+#include <algorithm>
+
+namespace kvroute::policy {
+
+RateLearner::State& RateLearner::state(WorkerId w) {
+  if (w >= workers_.size()) workers_.resize(static_cast<std::size_t>(w) + 1);
+  return workers_[w];
+}
+
+void RateLearner::set_prior(WorkerId worker, const WorkerRates& prior) {
+  std::lock_guard lock(mu_);
+  State& s = state(worker);
+  s.prior = prior;
+  s.now = prior;
+  s.now.prefill_samples = s.now.decode_samples = 0;
+  s.known = true;
+}
+
+void RateLearner::observe(WorkerId worker, const RateObservation& obs) {
+  std::lock_guard lock(mu_);
+  State& s = state(worker);
+  if (!s.known) {
+    s.known = true;
+    s.now = s.prior;
+  }
+  const double a = o_.alpha;
+  auto ema = [a](double& v, double sample) { v += a * (sample - v); };
+  const double service = obs.ttft_s - std::max(0.0, obs.queue_s);
+  if (obs.uncached_tokens < o_.min_uncached_tokens / 4 && obs.cpu_tokens == 0 && service > 0) {
+    // Little to compute: what remains is the fixed part of TTFT.
+    ema(s.now.base_ttft_s, std::min(service, 4.0 * std::max(s.now.base_ttft_s, 1e-3)));
+  } else if (obs.uncached_tokens >= o_.min_uncached_tokens) {
+    const double cpu_s = static_cast<double>(obs.cpu_tokens) / std::max(s.now.transfer_tokens_per_s, 1.0);
+    const double compute_s = service - s.now.base_ttft_s - cpu_s;
+    const double p0 = s.prior.prefill_tokens_per_s;
+    // prefill_seconds is linear in 1/P: the rate that explains compute_s is its value at P = 1 over compute_s.
+    const double work = prefill_seconds(static_cast<double>(obs.uncached_tokens),
+                                        static_cast<double>(obs.cached_tokens), 1.0);
+    double sample = compute_s > 0 ? work / compute_s : p0 * o_.clamp;
+    sample = std::clamp(sample, p0 / o_.clamp, p0 * o_.clamp);
+    ema(s.now.prefill_tokens_per_s, sample);
+    ++s.now.prefill_samples;
+  } else if (obs.cpu_tokens >= o_.min_uncached_tokens) {
+    const double transfer_s = service - s.now.base_ttft_s -
+                              static_cast<double>(obs.uncached_tokens) / std::max(s.now.prefill_tokens_per_s, 1.0);
+    const double x0 = s.prior.transfer_tokens_per_s;
+    double sample = transfer_s > 0 ? static_cast<double>(obs.cpu_tokens) / transfer_s : x0 * o_.clamp;
+    ema(s.now.transfer_tokens_per_s, std::clamp(sample, x0 / o_.clamp, x0 * o_.clamp));
+  }
+  if (obs.output_tokens >= 2 && obs.itl_s > 0) {
+    const double modelled = s.now.decode_step_s + s.now.decode_step_per_token_s * static_cast<double>(obs.decode_context_tokens);
+    if (modelled > 0) {
+      ema(s.now.decode_correction, std::clamp(obs.itl_s / modelled, 1.0 / o_.clamp, o_.clamp));
+      ++s.now.decode_samples;
+    }
+  }
+}
+
+WorkerRates RateLearner::rates(WorkerId worker) const {
+  std::lock_guard lock(mu_);
+  if (worker >= workers_.size() || !workers_[worker].known) return WorkerRates{};
+  return workers_[worker].now;
+}
+
+void RateLearner::apply(WorkerView& view) const {
+  const WorkerRates r = rates(view.id);
+  view.prefill_tokens_per_s = r.prefill_tokens_per_s;
+  view.transfer_tokens_per_s = r.transfer_tokens_per_s;
+  view.decode_step_s =
+      r.decode_correction * (r.decode_step_s + r.decode_step_per_token_s * static_cast<double>(view.active_decode_tokens));
+}
+
+void RateLearner::forget(WorkerId worker) {
+  std::lock_guard lock(mu_);
+  if (worker < workers_.size()) workers_[worker] = State{};
+}
+
+}  // namespace kvroute::policy

@@ -1,0 +1,108 @@
+// RateLearner: per-worker performance rates learned online from completed requests (architecture section 7:
+// "P_w, X_w and the per-token decode cost are learned online per worker from observed TTFT against uncached
+// tokens, starting from the worker profile"). The daemon's RouteObserver and the fleet simulator both feed
+// it and copy its rates into the WorkerViews that kv_cost (and e2) read.
+//
+// Model of one request's TTFT on worker w, the request having been sent while the router believed
+// `queue_s` seconds of prefill work were ahead of it:
+//     ttft = base_w + queue_s + uncached / P_w + cpu_tokens / X_w
+// base_w (front end, scheduling, the first step's overhead) is an exponential moving average of
+// ttft - queue_s over requests with little to compute; P_w is an EMA of the rate that makes
+// prefill_seconds(uncached, cached, P_w) = ttft - queue_s - base_w, over requests with at least
+// min_uncached_tokens to compute (so P_w stays quoted at the reference context whatever the prompt sizes). Samples are clamped to [1/4, 4] x the prior,
+// so one request stuck behind an unmodelled burst cannot swing the rate. The decode step is modelled as
+// step(batch) = decode_step_s + decode_step_per_token_s x batch context tokens (memory-bound decode reads the
+// weights and every running sequence's KV), and an EMA of observed ITL / step(batch) corrects it. X_w keeps its prior unless requests that were mostly loaded from the CPU
+// tier show otherwise (same EMA, on the CPU-tier part of the TTFT).
+//
+//   RateLearner learner;
+//   learner.set_prior(w, {.prefill_tokens_per_s = 18000, .transfer_tokens_per_s = 2e5, .decode_step_s = 0.02});
+//   learner.observe(w, {.ttft_s = 0.4, .queue_s = 0.1, .uncached_tokens = 5000, .itl_s = 0.021, .output_tokens = 200});
+//   learner.apply(view);   // view.prefill_tokens_per_s, transfer_tokens_per_s, decode_step_s
+//
+// Thread safety: all methods may be called concurrently (one mutex; calls are short).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "policy/routing_policy.h"
+
+namespace kvroute::policy {
+
+// Prefill cost grows with the context a token attends to: per token, a fixed part (the weight matmuls) plus a
+// part proportional to the tokens before it (attention). With linear cost a and attention cost b per context
+// token, a chunk of m new tokens after g cached ones costs m x (a + b x (g + m / 2)). For 8B-class dense models
+// at the usual utilisations the two parts are equal at about 23K tokens of context (Qwen3-8B on H100: a =
+// 2 x 8.2e9 FLOP / (989 TFLOP/s x 0.675), b = 4 x 32 heads x 128 x 36 layers FLOP / (989 TFLOP/s x 0.56);
+// b / a = 1 / 23,000), which is what makes a cold 100K prompt take 7.5 s rather than 2.5 s.
+// P (prefill_tokens_per_s) is quoted at kReferenceContextTokens of average context: an 8K chunk after 8K.
+inline constexpr double kAttentionContextTokens = 23000.0;
+inline constexpr double kReferenceContextTokens = 8192.0 + 4096.0;
+
+// Seconds to prefill `tokens` new tokens after `cached` tokens already in the KV cache, at rate P quoted at
+// the reference context.
+inline double prefill_seconds(double tokens, double cached, double prefill_tokens_per_s) {
+  const double scale = (1.0 + (cached + tokens / 2.0) / kAttentionContextTokens) /
+                       (1.0 + kReferenceContextTokens / kAttentionContextTokens);
+  return tokens * scale / (prefill_tokens_per_s > 1.0 ? prefill_tokens_per_s : 1.0);
+}
+
+struct WorkerRates {
+  double prefill_tokens_per_s = 10000.0;
+  double transfer_tokens_per_s = 100000.0;
+  double decode_step_s = 0.02;     // one decode step of an empty batch (weights + step overhead)
+  // Extra decode-step time per context token of the running batch (attention reads every running sequence's
+  // KV: bytes per token / HBM bandwidth). apply() reports decode_step_s + this x the view's
+  // active_decode_tokens, so the policy sees the step time of the batch the worker runs now.
+  double decode_step_per_token_s = 0.0;
+  double decode_correction = 1.0;  // learned: observed ITL / modelled step time
+  double base_ttft_s = 0.0;        // fixed part of TTFT (learned)
+  std::uint64_t prefill_samples = 0;
+  std::uint64_t decode_samples = 0;
+};
+
+struct RateObservation {
+  double ttft_s = 0;               // observed time to first token
+  double queue_s = 0;              // router's estimate, at dispatch, of prefill work queued ahead (seconds)
+  std::uint64_t uncached_tokens = 0;  // prompt tokens the worker computed (prompt - reported cached)
+  std::uint64_t cached_tokens = 0;    // reported cached tokens (the context the computed tokens attend to)
+  std::uint64_t cpu_tokens = 0;    // cached tokens that came from the CPU tier, when known
+  double itl_s = 0;                // mean inter-token latency of the request (0 when < 2 output tokens)
+  std::uint64_t decode_context_tokens = 0;  // router-tracked active decode tokens of the worker while it decoded
+  std::uint32_t output_tokens = 0;
+};
+
+struct RateLearnerOptions {
+  double alpha = 0.05;                    // EMA weight of a new sample
+  std::uint64_t min_uncached_tokens = 1024;  // below this a TTFT says more about overheads than about P
+  double clamp = 4.0;                     // samples are kept within [prior / clamp, prior x clamp]
+};
+
+class RateLearner {
+ public:
+  explicit RateLearner(RateLearnerOptions options = {}) : o_(options) {}
+
+  // Starting point (the worker's profile); resets what was learned for that worker.
+  void set_prior(WorkerId worker, const WorkerRates& prior);
+  void observe(WorkerId worker, const RateObservation& obs);
+  WorkerRates rates(WorkerId worker) const;
+  // Copies the learned rates into a WorkerView (view.id selects the worker).
+  void apply(WorkerView& view) const;
+  // Forget a removed worker (its next prior starts fresh).
+  void forget(WorkerId worker);
+
+ private:
+  struct State {
+    WorkerRates prior, now;
+    bool known = false;
+  };
+  State& state(WorkerId w);
+
+  RateLearnerOptions o_;
+  mutable std::mutex mu_;
+  std::vector<State> workers_;  // guarded by mu_
+};
+
+}  // namespace kvroute::policy

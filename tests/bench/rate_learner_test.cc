@@ -1,0 +1,91 @@
+#include "policy/rate_learner.h"
+
+#include <gtest/gtest.h>
+
+namespace kvroute::policy {
+namespace {
+
+WorkerRates prior() {
+  WorkerRates r;
+  r.prefill_tokens_per_s = 10000;
+  r.transfer_tokens_per_s = 100000;
+  r.decode_step_s = 0.02;
+  r.base_ttft_s = 0.05;
+  return r;
+}
+
+TEST(RateLearner, StartsFromThePrior) {
+  RateLearner l;
+  l.set_prior(3, prior());
+  WorkerView v;
+  v.id = 3;
+  l.apply(v);
+  EXPECT_DOUBLE_EQ(v.prefill_tokens_per_s, 10000);
+  EXPECT_DOUBLE_EQ(v.decode_step_s, 0.02);
+}
+
+TEST(RateLearner, ConvergesToTheObservedPrefillRate) {
+  RateLearner l;
+  l.set_prior(0, prior());
+  // The worker really prefills 15,000 tokens/s; TTFT = base + queue + m / 15,000.
+  for (int i = 0; i < 400; ++i) {
+    RateObservation o;
+    o.uncached_tokens = 3000 + 100 * (i % 7);
+    o.queue_s = 0.1 * (i % 3);
+    o.ttft_s = 0.05 + o.queue_s + prefill_seconds(static_cast<double>(o.uncached_tokens), 0, 15000.0);
+    o.output_tokens = 100;
+    o.itl_s = 0.03;
+    l.observe(0, o);
+  }
+  const WorkerRates r = l.rates(0);
+  EXPECT_NEAR(r.prefill_tokens_per_s, 15000, 300);
+  EXPECT_NEAR(r.decode_correction * r.decode_step_s, 0.03, 1e-3);
+  EXPECT_GT(r.prefill_samples, 300u);
+}
+
+TEST(RateLearner, DecodeStepGrowsWithTheBatch) {
+  RateLearner l;
+  WorkerRates p = prior();
+  p.decode_step_s = 0.007;
+  p.decode_step_per_token_s = 4e-8;
+  l.set_prior(0, p);
+  WorkerView v;
+  v.active_decode_tokens = 1'000'000;
+  l.apply(v);
+  EXPECT_NEAR(v.decode_step_s, 0.047, 1e-9);
+  // Observed steps twice as long as modelled: the correction follows.
+  RateObservation o;
+  o.output_tokens = 100;
+  o.decode_context_tokens = 1'000'000;
+  o.itl_s = 0.094;
+  for (int i = 0; i < 300; ++i) l.observe(0, o);
+  l.apply(v);
+  EXPECT_NEAR(v.decode_step_s, 0.094, 1e-3);
+}
+
+TEST(RateLearner, OutliersAreClamped) {
+  RateLearner l;
+  l.set_prior(0, prior());
+  RateObservation o;
+  o.uncached_tokens = 5000;
+  o.ttft_s = 1e-6;  // impossible: would mean billions of tokens/s
+  for (int i = 0; i < 1000; ++i) l.observe(0, o);
+  EXPECT_LE(l.rates(0).prefill_tokens_per_s, 4 * 10000 + 1e-6);
+}
+
+TEST(RateLearner, WorkersAreIndependent) {
+  RateLearner l;
+  l.set_prior(0, prior());
+  l.set_prior(1, prior());
+  RateObservation o;
+  o.uncached_tokens = 5000;
+  o.ttft_s = 0.05 + prefill_seconds(5000, 0, 5000.0);
+  for (int i = 0; i < 200; ++i) l.observe(1, o);
+  EXPECT_DOUBLE_EQ(l.rates(0).prefill_tokens_per_s, 10000);
+  EXPECT_LT(l.rates(1).prefill_tokens_per_s, 6000);
+  l.forget(1);
+  EXPECT_DOUBLE_EQ(l.rates(1).prefill_tokens_per_s, WorkerRates{}.prefill_tokens_per_s);
+}
+
+}  // namespace
+}  // namespace kvroute::policy

@@ -1,0 +1,162 @@
+#include "bench/simulate.h"
+
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "bench/generators.h"
+#include "bench/report.h"
+#include "bench/runner.h"
+
+namespace kvroute::bench {
+namespace {
+
+BenchConfig small_config(const std::string& workload, std::size_t requests, std::size_t workers = 4) {
+  BenchConfig c;
+  c.workload = workload;
+  c.max_requests = requests;
+  c.sim.workers = workers;
+  c.policies = policy::policy_names();
+  c.progress = false;
+  return c;
+}
+
+// decision_us_* is the router's wall-clock decision time: the only field that is not a function of the seed.
+std::string without_timing(const std::string& json) {
+  return std::regex_replace(json, std::regex("\"decision_us_p(50|99)\":[^,}]*"), "\"decision_us\":0");
+}
+
+TEST(PlanRuns, NativeModesAndBoth) {
+  auto runs = plan_runs({"round_robin", "cache_aware", "kv_cost"}, ModeChoice::kNative);
+  ASSERT_TRUE(runs);
+  ASSERT_EQ(runs->size(), 3u);
+  EXPECT_EQ((*runs)[0].mode, IndexMode::kNone);
+  EXPECT_EQ((*runs)[1].mode, IndexMode::kApproximate);
+  EXPECT_EQ((*runs)[2].mode, IndexMode::kPrecise);
+  EXPECT_EQ((*runs)[2].label, "kv_cost");
+  auto both = plan_runs({"kv_cost"}, ModeChoice::kBoth);
+  ASSERT_TRUE(both);
+  ASSERT_EQ(both->size(), 2u);
+  EXPECT_EQ((*both)[1].label, "kv_cost(approx)");
+  EXPECT_FALSE(plan_runs({"nope"}, ModeChoice::kNative));
+}
+
+TEST(ParseArgs, Errors) {
+  EXPECT_FALSE(parse_simulate_args({}));
+  EXPECT_FALSE(parse_simulate_args({"--workload", "multi_turn", "--trace", "x"}));
+  EXPECT_FALSE(parse_simulate_args({"--workload", "multi_turn", "--workers", "zero"}));
+  EXPECT_FALSE(parse_simulate_args({"--workload", "multi_turn", "--policies", "round_robin,bogus"}));
+  EXPECT_FALSE(parse_simulate_args({"--workload", "multi_turn", "--frobnicate", "1"}));
+  auto ok = parse_simulate_args({"--workload", "multi_turn", "--workers", "3", "--sweep", "0.5,1,2", "--mode", "both"});
+  ASSERT_TRUE(ok) << ok.error().message;
+  EXPECT_EQ(ok->sim.workers, 3u);
+  EXPECT_EQ(ok->sweep.size(), 3u);
+}
+
+TEST(Simulate, SameSeedSameJson) {
+  BenchConfig c = small_config("multi_turn", 150, 3);
+  c.policies = {"round_robin", "cache_aware", "kv_cost", "random"};
+  c.mode = ModeChoice::kBoth;
+  auto w = load_workload(c);
+  ASSERT_TRUE(w);
+  auto a = run_policies(*w, c, 2.0);
+  c.threads = 1;  // thread count must not matter either
+  auto b = run_policies(*w, c, 2.0);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(without_timing(to_json({*a})), without_timing(to_json({*b})));
+  // And a fresh workload from the same seed.
+  auto w2 = load_workload(c);
+  auto d = run_policies(*w2, c, 2.0);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(without_timing(to_json({*a})), without_timing(to_json({*d})));
+}
+
+TEST(Simulate, AllPoliciesSmoke) {
+  BenchConfig c = small_config("tenants", 200);
+  auto w = load_workload(c);
+  ASSERT_TRUE(w);
+  auto r = run_policies(*w, c, 1.0);
+  ASSERT_TRUE(r) << r.error().message;
+  ASSERT_EQ(r->policies.size(), policy::policy_names().size());
+  EXPECT_GT(r->upper_bound_hit_rate, 0.3);
+  EXPECT_LE(r->capacity_bound_hit_rate, r->upper_bound_hit_rate + 1e-12);
+  for (const auto& p : r->policies) {
+    EXPECT_EQ(p.completed, 200u) << p.name;
+    EXPECT_GT(p.ttft.mean, 0) << p.name;
+    EXPECT_LE(p.ttft.p50, p.ttft.p99) << p.name;
+    EXPECT_GT(p.output_tok_s, 0) << p.name;
+    EXPECT_GT(p.itl_mean_s, 0) << p.name;
+    EXPECT_GE(p.hit_rate, 0) << p.name;
+    EXPECT_LE(p.hit_rate, r->upper_bound_hit_rate + 1e-9) << p.name;
+  }
+  const std::string json = to_json({*r});
+  for (const char* key : {"\"workload\"", "\"workers\"", "\"upper_bound_hit_rate\"", "\"capacity_bound_hit_rate\"",
+                          "\"policies\"", "\"hit_rate\"", "\"ttft_mean_s\"", "\"ttft_p50_s\"", "\"ttft_p90_s\"",
+                          "\"ttft_p99_s\"", "\"itl_mean_s\"", "\"e2e_mean_s\"", "\"output_tok_s\"", "\"completed\"",
+                          "\"load_cov\"", "\"evicted_blocks\"", "\"decision_us_p50\""})
+    EXPECT_NE(json.find(key), std::string::npos) << key;
+  EXPECT_NE(format_table(*r).find("kv_cost"), std::string::npos);
+  const std::string svg = svg_line_chart("t", "x", "y", {{"a", {{0.1, 0.5}, {1.0, 1.0}}}}, true);
+  EXPECT_NE(svg.find("<polyline"), std::string::npos);
+}
+
+TEST(Simulate, PrefixAwareBeatsRoundRobinOnSharedPrefixes) {
+  BenchConfig c = small_config("shared_prefix", 400);
+  c.policies = {"round_robin", "kv_cost", "cache_aware"};
+  auto w = load_workload(c);
+  ASSERT_TRUE(w);
+  auto r = run_policies(*w, c, 1.0);
+  ASSERT_TRUE(r);
+  const double rr = r->policies[0].hit_rate;
+  EXPECT_GT(r->policies[1].hit_rate, rr + 0.05);
+  EXPECT_GT(r->policies[2].hit_rate, rr + 0.05);
+}
+
+TEST(Simulate, PreciseModeSeesEventsEvenWhenLate) {
+  BenchConfig c = small_config("zipf_tools", 200);
+  c.policies = {"kv_cost"};
+  c.mode = ModeChoice::kBoth;
+  c.sim.event_delay_s = 0.5;
+  auto w = load_workload(c);
+  ASSERT_TRUE(w);
+  auto r = run_policies(*w, c, 1.0);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->policies.size(), 2u);
+  for (const auto& p : r->policies) EXPECT_GT(p.hit_rate, 0.2) << p.name;
+}
+
+TEST(Simulate, KneeSearchFindsWhereRoundRobinSlowsDown) {
+  BenchConfig c = small_config("tenants", 300, 2);
+  auto w = load_workload(c);
+  ASSERT_TRUE(w);
+  auto k = find_knee(*w, c, 3.0);
+  ASSERT_TRUE(k) << k.error().message;
+  ASSERT_GT(k->scale, 0);
+  ASSERT_GT(k->unloaded_ttft_s, 0);
+  c.policies = {"round_robin"};
+  auto at = run_policies(*w, c, k->scale);
+  ASSERT_TRUE(at);
+  EXPECT_GE(at->policies[0].ttft.mean, 3.0 * k->unloaded_ttft_s * 0.97);  // the scale is rounded to 3 digits
+}
+
+TEST(Report, PlotsForASweep) {
+  BenchConfig c = small_config("zipf_tools", 100, 2);
+  c.policies = {"round_robin", "kv_cost"};
+  auto w = load_workload(c);
+  ASSERT_TRUE(w);
+  std::vector<RunReport> reports;
+  for (double s : {0.5, 1.0}) {
+    auto r = run_policies(*w, c, s);
+    ASSERT_TRUE(r);
+    reports.push_back(std::move(*r));
+  }
+  const std::string dir = ::testing::TempDir() + "/kvroute_bench_plots";
+  auto files = write_plots(dir, reports);
+  ASSERT_TRUE(files) << files.error().message;
+  EXPECT_EQ(files->size(), 4u);  // two TTFT CDFs, hit rate and p99 TTFT against load
+  const std::string json = to_json(reports);
+  EXPECT_EQ(json.rfind("{\"sweep\":[", 0), 0u);
+}
+
+}  // namespace
+}  // namespace kvroute::bench
