@@ -70,15 +70,6 @@ WorkerTelemetry Worker::telemetry() const {
   return telemetry_;
 }
 
-void Worker::observe_prefill(std::uint64_t uncached_tokens, double ttft_s) {
-  // Only prompts long enough for prefill to dominate TTFT say something about the rate; an exponential
-  // moving average (weight 0.2) follows drift without jumping on one noisy sample.
-  if (uncached_tokens < 256 || ttft_s <= 0) return;
-  const double sample = static_cast<double>(uncached_tokens) / ttft_s;
-  double cur = prefill_rate_.load(std::memory_order_relaxed);
-  prefill_rate_.store(0.8 * cur + 0.2 * sample, std::memory_order_relaxed);
-}
-
 policy::WorkerView Worker::view() const {
   policy::WorkerView v;
   v.id = id_;
@@ -86,7 +77,6 @@ policy::WorkerView Worker::view() const {
   v.in_flight = in_flight();
   v.pending_prefill_tokens = pending_prefill_.load(std::memory_order_relaxed);
   v.active_decode_tokens = active_decode_.load(std::memory_order_relaxed);
-  v.prefill_tokens_per_s = prefill_tokens_per_s();
   const WorkerTelemetry t = telemetry();
   if (t.valid) {
     v.running = t.running;

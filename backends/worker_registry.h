@@ -76,15 +76,13 @@ class Worker {
   void first_token(std::uint64_t uncached_prompt_tokens, std::uint64_t context_tokens);
   void end(bool had_first_token, std::uint64_t uncached_prompt_tokens, std::uint64_t context_tokens);
   std::uint32_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
+  std::uint64_t pending_prefill_tokens() const { return pending_prefill_.load(std::memory_order_relaxed); }
+  std::uint64_t active_decode_tokens() const { return active_decode_.load(std::memory_order_relaxed); }
 
   void set_telemetry(const WorkerTelemetry& t);
   WorkerTelemetry telemetry() const;
 
-  // Learned prefill rate (tokens/s), updated from observed TTFT against uncached tokens.
-  void observe_prefill(std::uint64_t uncached_tokens, double ttft_s);
-  double prefill_tokens_per_s() const { return prefill_rate_.load(std::memory_order_relaxed); }
-  void set_prefill_tokens_per_s(double r) { prefill_rate_.store(r, std::memory_order_relaxed); }
-
+  // Router-tracked load and reported telemetry; performance rates are filled in by the router's learner.
   policy::WorkerView view() const;
 
  private:
@@ -95,7 +93,6 @@ class Worker {
   std::atomic<std::uint32_t> in_flight_{0};
   std::atomic<std::uint64_t> pending_prefill_{0};
   std::atomic<std::uint64_t> active_decode_{0};
-  std::atomic<double> prefill_rate_{10000.0};
   mutable std::mutex mu_;
   WorkerTelemetry telemetry_;  // guarded by mu_
 };

@@ -24,7 +24,6 @@ Result<bool> App::start() {
   if (!policy) return policy.error();
   router_ = std::make_unique<Router>(config_, registry_, std::move(*policy), metrics_);
   registry_.subscribe({[this](const backends::Worker& w) {
-                         const_cast<backends::Worker&>(w).set_prefill_tokens_per_s(config_.prefill_tokens_per_s);
                          if (!w.endpoint().kv_events_endpoint.empty()) start_events(w);
                        },
                        [this](const backends::Worker& w) {

@@ -625,7 +625,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
         o["in_flight"] = w->in_flight();
         o["indexed_blocks"] = svc_.router.index().worker_blocks(w->id());
         o["mode"] = w->precise() ? "precise" : "approximate";
-        o["prefill_tokens_per_s"] = w->prefill_tokens_per_s();
+        const auto rates = svc_.router.learned_rates(w->id());
+        o["prefill_tokens_per_s"] = rates.prefill_tokens_per_s;
+        o["decode_step_s"] = rates.decode_step_s * rates.decode_correction;
+        o["rate_samples"] = rates.prefill_samples;
         if (t.valid) {
           o["running"] = t.running;
           o["waiting"] = t.waiting;

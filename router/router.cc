@@ -21,9 +21,13 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
       [this](const backends::Worker& w) {
         metrics_.add_worker(w.id(), w.name());
         index_.set_capacity(w.id(), config_.worker_kv_blocks);
+        policy::WorkerRates prior;
+        prior.prefill_tokens_per_s = config_.prefill_tokens_per_s;
+        learner_.set_prior(w.id(), prior);
       },
       [this](const backends::Worker& w) {
         index_.clear_worker(w.id());
+        learner_.forget(w.id());
         metrics_.remove_worker(w.id());
         std::lock_guard lock(sessions_mu_);
         std::erase_if(sessions_, [&](const auto& kv) { return kv.second.worker == w.id(); });
@@ -45,6 +49,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   for (auto& v : views) {
     if (v.capacity_blocks == 0) v.capacity_blocks = capacity[v.id];
     v.reused_blocks = reused[v.id];  // kv_cost prices evicting blocks that get reused
+    learner_.apply(v);
   }
 
   policy::RoutingContext ctx;
@@ -88,12 +93,21 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   d.session_key = request.session_key;
   d.start = t0;
   d.streamed = request.stream;
-  d.worker_was_idle = views[pick->worker].in_flight == 0;
+  const policy::WorkerView& chosen = views[pick->worker];
+  d.queue_s = static_cast<double>(chosen.pending_prefill_tokens) / std::max(chosen.prefill_tokens_per_s, 1.0);
+  d.decode_context_tokens = chosen.active_decode_tokens;
 
-  // Observer: the worker will hold this prefix once it has prefilled it. A worker in precise mode reports
-  // that itself through its KV events.
+  // Observer: the worker will hold this prefix once it has prefilled it. In approximate mode that prediction
+  // is all the router has (capacity-bounded LRU). In precise mode the worker's events are the truth, but they
+  // come only after the prefill, so a burst on a new prefix would see it cold everywhere: the router records
+  // the routed chain at once (as Dynamo's KV router tracks in-flight blocks) and the events then confirm or
+  // remove it. Only token chains can be confirmed (events carry token ids), so text chains are not recorded.
   d.worker->begin(d.uncached_tokens);
-  if (!d.worker->precise()) index_.record(d.worker->id(), request.chain.hashes);
+  if (!d.worker->precise()) {
+    index_.record(d.worker->id(), request.chain.hashes);
+  } else if (request.chain.unit == hashing::Unit::kToken) {
+    index_.store(d.worker->id(), request.chain.hashes, hashing::Tier::kGpu);
+  }
   if (!request.session_key.empty()) bind_session(request.session_key, d.worker->id());
   metrics_.routed(std::string(policy::reason_name(d.pick.reason)));
   if (auto s = metrics_.worker(d.worker->id())) {
@@ -128,7 +142,8 @@ std::shared_ptr<backends::Worker> Router::any_healthy() const {
 void Router::first_byte(Decision& d) {
   if (d.first_byte_seen) return;
   d.first_byte_seen = true;
-  d.ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
+  d.first_byte_at = std::chrono::steady_clock::now();
+  d.ttft_s = std::chrono::duration<double>(d.first_byte_at - d.start).count();
   d.worker->first_token(d.uncached_tokens, d.prompt_tokens);
   if (auto s = metrics_.worker(d.worker->id())) s->ttft->Observe(d.ttft_s);
 }
@@ -138,10 +153,22 @@ void Router::complete(Decision& d, const Outcome& outcome) {
   d.worker->end(d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
   metrics_.request_seconds(total);
   if (!outcome.ok) metrics_.error("upstream");
-  if (outcome.ok && outcome.usage && d.streamed && d.worker_was_idle && d.first_byte_seen) {
-    // Learn the prefill rate only from requests nothing was queued ahead of, so TTFT is prefill time.
+  if (outcome.ok && outcome.usage && d.streamed && d.first_byte_seen) {
+    // A streamed response's first byte is its first token: TTFT against uncached tokens teaches the prefill
+    // rate, the spacing of the rest the decode step (policy/rate_learner.h).
     const auto& u = *outcome.usage;
-    d.worker->observe_prefill(u.prompt_tokens - std::min(u.prompt_tokens, u.cached_tokens), d.ttft_s);
+    policy::RateObservation obs;
+    obs.ttft_s = d.ttft_s;
+    obs.queue_s = d.queue_s;
+    obs.cached_tokens = std::min(u.prompt_tokens, u.cached_tokens);
+    obs.uncached_tokens = u.prompt_tokens - obs.cached_tokens;
+    obs.output_tokens = static_cast<std::uint32_t>(u.completion_tokens);
+    if (u.completion_tokens >= 2) {
+      obs.itl_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.first_byte_at).count() /
+                  static_cast<double>(u.completion_tokens - 1);
+    }
+    obs.decode_context_tokens = d.decode_context_tokens;
+    learner_.observe(d.worker->id(), obs);
   }
   if (auto s = metrics_.worker(d.worker->id())) {
     s->in_flight->Set(d.worker->in_flight());

@@ -19,6 +19,7 @@
 
 #include "backends/worker_registry.h"
 #include "hashing/prefix_index.h"
+#include "policy/rate_learner.h"
 #include "policy/routing_policy.h"
 #include "router/config.h"
 #include "router/metrics.h"
@@ -35,8 +36,10 @@ struct Decision {
   std::chrono::steady_clock::time_point start;
   bool first_byte_seen = false;
   double ttft_s = 0;
+  std::chrono::steady_clock::time_point first_byte_at;
   bool streamed = false;           // the first byte is the first token (server-sent events)
-  bool worker_was_idle = false;    // nothing queued ahead: TTFT measures prefill alone
+  double queue_s = 0;              // prefill work the router believed queued ahead at dispatch (seconds)
+  std::uint64_t decode_context_tokens = 0;  // the worker's active decode tokens at dispatch
 };
 
 struct Usage {
@@ -62,6 +65,8 @@ class Router {
   void complete(Decision& d, const Outcome& outcome);
 
   hashing::PrefixIndex& index() { return index_; }
+  // Rates learned online per worker (architecture section 7), for the admin API.
+  policy::WorkerRates learned_rates(hashing::WorkerId id) const { return learner_.rates(id); }
   const policy::RoutingPolicy& policy() const { return *policy_; }
   std::size_t session_count() const;
   // The worker a session is bound to, if any (admin and tests).
@@ -81,6 +86,7 @@ class Router {
   std::unique_ptr<policy::RoutingPolicy> policy_;
   RouterMetrics& metrics_;
   hashing::PrefixIndex index_;
+  policy::RateLearner learner_;
   std::atomic<std::uint64_t> sequence_{0};
 
   mutable std::mutex sessions_mu_;

@@ -61,14 +61,5 @@ TEST(Worker, LoadAccountingBalances) {
   EXPECT_EQ(v.active_decode_tokens, 0u);
 }
 
-TEST(Worker, LearnsPrefillRate) {
-  Worker w(0, *parse_worker_url("http://a:1"));
-  w.set_prefill_tokens_per_s(10000);
-  for (int i = 0; i < 50; ++i) w.observe_prefill(4000, 0.2);  // 20000 tokens/s observed
-  EXPECT_NEAR(w.prefill_tokens_per_s(), 20000, 50);
-  w.observe_prefill(10, 1.0);  // too short to say anything
-  EXPECT_NEAR(w.prefill_tokens_per_s(), 20000, 50);
-}
-
 }  // namespace
 }  // namespace kvroute::backends
