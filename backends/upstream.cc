@@ -1,5 +1,9 @@
 #include "backends/upstream.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
+
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -37,16 +41,14 @@ UpstreamPool::UpstreamPool(asio::any_io_executor ex, Options options) : ex_(std:
 
 namespace {
 // A pooled connection the peer closed while idle reads as EOF at once; drop those before reuse.
+// One recv(MSG_PEEK | MSG_DONTWAIT) on the native socket: toggling the socket's non-blocking mode around
+// the peek cost two more system calls (ioctl) on every request.
 bool looks_alive(beast::tcp_stream& s) {
   auto& sock = s.socket();
   if (!sock.is_open()) return false;
-  beast::error_code ec;
-  sock.non_blocking(true, ec);
   char byte;
-  sock.receive(asio::buffer(&byte, 1), tcp::socket::message_peek, ec);
-  const bool idle = ec == asio::error::would_block || ec == asio::error::try_again;
-  sock.non_blocking(false, ec);
-  return idle;  // data or EOF on an idle HTTP connection: unusable
+  const ssize_t n = ::recv(sock.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);  // data or EOF on an idle HTTP connection: unusable
 }
 }  // namespace
 

@@ -8,11 +8,15 @@ build_dir=${1:-build}
 
 packages=(build-essential cmake ninja-build ccache pkg-config git curl ca-certificates
   libboost1.81-dev libboost-json1.81-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev libxxhash-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libzmq3-dev cppzmq-dev libyaml-cpp-dev nodejs npm)
+  libgtest-dev libgmock-dev libbenchmark-dev libzmq3-dev cppzmq-dev libyaml-cpp-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js may come from another source than Debian's packages (whose npm would conflict with it): only a
+# machine without node and npm gets Debian's.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if ((${#missing[@]})); then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
