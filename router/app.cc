@@ -13,7 +13,8 @@ std::chrono::milliseconds ms(double seconds) {
 }
 }  // namespace
 
-App::App(boost::asio::io_context& io, Config config) : io_(io), config_(std::move(config)) {}
+App::App(const std::vector<std::unique_ptr<boost::asio::io_context>>& contexts, Config config)
+    : contexts_(contexts), io_(*contexts.front()), config_(std::move(config)) {}
 
 Result<bool> App::start() {
   policy::PolicyOptions popts;
@@ -37,8 +38,10 @@ Result<bool> App::start() {
                          }
                          sub.reset();  // joins its thread outside the lock
                        }});
-  pool_ = std::make_unique<backends::UpstreamPool>(
-      io_.get_executor(), backends::UpstreamPool::Options{ms(config_.connect_timeout_s), 64, std::chrono::seconds(30)});
+  for (const auto& io : contexts_) {
+    pools_.push_back(std::make_unique<backends::UpstreamPool>(
+        io->get_executor(), backends::UpstreamPool::Options{ms(config_.connect_timeout_s), 64, std::chrono::seconds(30)}));
+  }
   for (const auto& w : config_.workers) {
     auto ep = backends::parse_worker_url(w.url);
     if (!ep) return ep.error();
@@ -50,16 +53,22 @@ Result<bool> App::start() {
     if (!id) return id.error();
   }
   tokenize_cache_ = std::make_unique<TokenizeCache>(config_.tokenize_cache_entries);
-  services_ = std::make_unique<Services>(Services{config_, registry_, *router_, *pool_, metrics_, *tokenize_cache_});
+  for (const auto& pool : pools_) {
+    services_.push_back(std::make_unique<Services>(Services{config_, registry_, *router_, *pool, metrics_, *tokenize_cache_}));
+  }
 
   auto api_ep = resolve_listen(config_.listen);
   if (!api_ep) return api_ep.error();
   auto admin_ep = resolve_listen(config_.admin_listen);
   if (!admin_ep) return admin_ep.error();
-  api_ = std::make_shared<Listener>(io_, *services_, Listener::Kind::kApi);
-  if (auto ok = api_->open(*api_ep); !ok) return ok.error();
-  admin_ = std::make_shared<Listener>(io_, *services_, Listener::Kind::kAdmin);
-  if (auto ok = admin_->open(*admin_ep); !ok) return ok.error();
+  for (std::size_t i = 0; i < contexts_.size(); ++i) {
+    auto listener = std::make_shared<Listener>(*contexts_[i], *services_[i], Listener::Kind::kApi);
+    if (auto ok = listener->open(*api_ep, /*reuse_port=*/contexts_.size() > 1); !ok) return ok.error();
+    *api_ep = listener->local_endpoint();  // port 0 picks a port once; the other listeners share it
+    api_.push_back(std::move(listener));
+  }
+  admin_ = std::make_shared<Listener>(io_, *services_.front(), Listener::Kind::kAdmin);
+  if (auto ok = admin_->open(*admin_ep, false); !ok) return ok.error();
 
   backends::HealthChecker::Options hopts;
   hopts.interval = ms(config_.health_interval_s);
@@ -72,7 +81,7 @@ Result<bool> App::start() {
           LOG_INFO("worker " << w.name() << " is healthy again");
         } else {
           LOG_WARN("worker " << w.name() << " failed its health checks; taken out of rotation");
-          pool_->drop(w.id());
+          for (auto& pool : pools_) pool->drop(w.id());
         }
         if (auto s = metrics_.worker(w.id())) s->healthy->Set(up ? 1 : 0);
       });
@@ -90,10 +99,11 @@ Result<bool> App::start() {
         });
     telemetry_->start();
   }
-  api_->run();
+  for (auto& l : api_) l->run();
   admin_->run();
-  LOG_INFO("kvroute listening on " << api_->local_endpoint() << " (admin " << admin_->local_endpoint() << "), policy "
-                                   << config_.policy << ", " << config_.workers.size() << " workers");
+  LOG_INFO("kvroute listening on " << api_.front()->local_endpoint() << " (admin " << admin_->local_endpoint()
+                                   << "), policy " << config_.policy << ", " << config_.workers.size() << " workers, "
+                                   << contexts_.size() << " I/O threads");
   return true;
 }
 
@@ -174,7 +184,7 @@ void App::stop() {
   for (auto& [id, sub] : subscribers_) sub->stop();
   if (health_) health_->stop();
   if (telemetry_) telemetry_->stop();
-  if (api_) api_->stop();
+  for (auto& l : api_) l->stop();
   if (admin_) admin_->stop();
 }
 

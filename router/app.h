@@ -1,15 +1,21 @@
-// App: the assembled daemon (registry, index, policy, upstream pool, health checks, listeners). main() and
-// the in-process tests both build one, so what the tests run is what ships.
+// App: the assembled daemon (registry, index, policy, upstream pools, health checks, listeners).
 //
-//   boost::asio::io_context io;
-//   App app(io, config);
+// Threading is share-nothing on the data path: each I/O thread runs its own io_context with its own API
+// listener (SO_REUSEPORT on one port, so the kernel spreads connections) and its own upstream connection
+// pool, so a request never hops threads or contends on a scheduler lock. The shared state (registry, index,
+// learner, sessions, metrics) has its own small locks. The first context also runs the control plane: the
+// admin listener, health checks, telemetry polls.
+//
+//   std::vector<std::unique_ptr<boost::asio::io_context>> ios = ...;  // one per thread
+//   App app(ios, config);
 //   if (auto ok = app.start(); !ok) fail(ok.error().message);
-//   io.run();
+//   ... run each io_context on its own thread ...
 #pragma once
 
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 
@@ -27,14 +33,14 @@ namespace kvroute::router {
 
 class App {
  public:
-  App(boost::asio::io_context& io, Config config);
+  App(const std::vector<std::unique_ptr<boost::asio::io_context>>& contexts, Config config);
   Result<bool> start();
   void stop();
 
   const Config& config() const { return config_; }
   backends::WorkerRegistry& registry() { return registry_; }
   Router& router() { return *router_; }
-  boost::asio::ip::tcp::endpoint api_endpoint() const { return api_->local_endpoint(); }
+  boost::asio::ip::tcp::endpoint api_endpoint() const { return api_.front()->local_endpoint(); }
   boost::asio::ip::tcp::endpoint admin_endpoint() const { return admin_->local_endpoint(); }
 
  private:
@@ -43,17 +49,18 @@ class App {
   void subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint& ep, const std::string& model);
   void on_stream_liveness(hashing::WorkerId id, bool live, std::string_view reason);
 
-  boost::asio::io_context& io_;
+  const std::vector<std::unique_ptr<boost::asio::io_context>>& contexts_;
+  boost::asio::io_context& io_;  // the control-plane context (contexts_[0])
   Config config_;
   backends::WorkerRegistry registry_;
   RouterMetrics metrics_;
   std::unique_ptr<Router> router_;
-  std::unique_ptr<backends::UpstreamPool> pool_;
+  std::vector<std::unique_ptr<backends::UpstreamPool>> pools_;  // one per context
   std::unique_ptr<TokenizeCache> tokenize_cache_;
-  std::unique_ptr<Services> services_;
+  std::vector<std::unique_ptr<Services>> services_;             // one per context
   std::shared_ptr<backends::HealthChecker> health_;
   std::shared_ptr<backends::TelemetryPoller> telemetry_;
-  std::shared_ptr<Listener> api_;
+  std::vector<std::shared_ptr<Listener>> api_;                  // one per context
   std::shared_ptr<Listener> admin_;
   std::mutex events_mu_;
   std::map<hashing::WorkerId, std::unique_ptr<events::KvEventSubscriber>> subscribers_;  // guarded by events_mu_

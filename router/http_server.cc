@@ -323,7 +323,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     svc_.pool.acquire(
         *worker_,
         [self = shared_from_this()](beast::error_code ec, backends::UpstreamPool::Lease l) {
-          // An idle pooled connection is handed over inline, on this strand: dispatch runs on at once.
+          // An idle pooled connection is handed over inline (same thread): dispatch runs it at once.
           asio::dispatch(self->stream_.get_executor(),
                          [self, ec, l = std::move(l)]() mutable { self->on_connect(ec, std::move(l)); });
         },
@@ -781,12 +781,13 @@ Result<tcp::endpoint> resolve_listen(const std::string& host_port) {
 }
 
 Listener::Listener(asio::io_context& io, Services& services, Kind kind)
-    : io_(io), acceptor_(asio::make_strand(io)), services_(services), kind_(kind) {}
+    : io_(io), acceptor_(io), services_(services), kind_(kind) {}
 
-Result<bool> Listener::open(const tcp::endpoint& endpoint) {
+Result<bool> Listener::open(const tcp::endpoint& endpoint, bool reuse_port) {
   beast::error_code ec;
   acceptor_.open(endpoint.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec && reuse_port) acceptor_.set_option(asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>(true), ec);
   if (!ec) acceptor_.bind(endpoint, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
@@ -811,7 +812,9 @@ tcp::endpoint Listener::local_endpoint() const {
 }
 
 void Listener::do_accept() {
-  acceptor_.async_accept(asio::make_strand(io_), [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+  // Each io_context is run by exactly one thread (router/app.h), so a session needs no strand: all its
+  // handlers run on that thread.
+  acceptor_.async_accept(io_, [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted) return;
     if (!ec) {
       socket.set_option(tcp::no_delay(true), ec);

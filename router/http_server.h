@@ -1,7 +1,7 @@
 // kvroute's HTTP front ends: the OpenAI-compatible API listener and the admin listener.
 //
 // One ApiSession per client connection, owned by its pending operations (shared_from_this) and running on
-// its own strand. A routed request is parsed (bounded body), routed by Router, and relayed to the worker
+// the single thread of its listener's io_context. A routed request is parsed (bounded body), routed by Router, and relayed to the worker
 // through a pooled keep-alive connection: the response head is sent as soon as the worker's arrives and the
 // body is passed on piece by piece as it is read, never buffered whole, so server-sent events stream. When
 // the client goes away mid-request the upstream connection is closed, which cancels the worker's request.
@@ -38,8 +38,9 @@ class Listener : public std::enable_shared_from_this<Listener> {
  public:
   enum class Kind { kApi, kAdmin };
   Listener(boost::asio::io_context& io, Services& services, Kind kind);
-  // Binds and listens; an error says which address failed and why.
-  Result<bool> open(const boost::asio::ip::tcp::endpoint& endpoint);
+  // Binds and listens; an error says which address failed and why. With reuse_port several listeners (one
+  // per I/O thread) share the address and the kernel spreads connections over them.
+  Result<bool> open(const boost::asio::ip::tcp::endpoint& endpoint, bool reuse_port);
   void run();
   void stop();
   boost::asio::ip::tcp::endpoint local_endpoint() const;

@@ -1,5 +1,6 @@
 // kvroute: parse configuration, build the components, run until SIGINT/SIGTERM.
 #include <iostream>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -23,8 +24,11 @@ int main(int argc, char** argv) {
   }
   kvroute::log::set_level(cfg->log_level);
   const int threads = cfg->threads > 0 ? cfg->threads : std::max(1u, std::thread::hardware_concurrency());
-  boost::asio::io_context io(threads);
-  kvroute::router::App app(io, *cfg);
+  // One io_context per thread (share-nothing data path, see router/app.h).
+  std::vector<std::unique_ptr<boost::asio::io_context>> contexts;
+  for (int i = 0; i < threads; ++i) contexts.push_back(std::make_unique<boost::asio::io_context>(1));
+  auto& io = *contexts.front();
+  kvroute::router::App app(contexts, *cfg);
   if (auto started = app.start(); !started) {
     std::cerr << "kvroute: " << started.error().message << "\n";
     return 1;
@@ -33,10 +37,10 @@ int main(int argc, char** argv) {
   signals.async_wait([&](const boost::system::error_code&, int) {
     LOG_INFO("shutting down");
     app.stop();
-    io.stop();
+    for (auto& c : contexts) c->stop();
   });
   std::vector<std::thread> pool;
-  for (int i = 1; i < threads; ++i) pool.emplace_back([&io] { io.run(); });
+  for (int i = 1; i < threads; ++i) pool.emplace_back([&contexts, i] { contexts[i]->run(); });
   io.run();
   for (auto& t : pool) t.join();
   return 0;
