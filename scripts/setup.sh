@@ -30,5 +30,7 @@ if [ ! -d tests/e2e/node_modules/openai ]; then
   (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
+# ccache hits across clones in different folders (paths are made relative to the checkout).
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build_dir" -j"$(nproc)"
