@@ -1,5 +1,6 @@
 // kvroute-sim's KV events, as a router receives them: subscribe with ZMQ, decode the msgpack batches
-// (positional and map encodings), check BlockStored against /tokenize and /debug/kv_blocks, and replay.
+// (positional and map encodings) or the native protobuf stream (with the router's NativeDecoder), check
+// BlockStored against /tokenize and /debug/kv_blocks, LoadReports against /metrics, and replay.
 #include <gtest/gtest.h>
 
 #include <zmq.h>
@@ -9,11 +10,15 @@
 #include <boost/json/value.hpp>
 
 #include <chrono>
+#include <cstdlib>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "backends/events/native_events.h"
+#include "proto/kv_events.pb.h"
 #include "tests/sim_server/sim_process.h"
 
 namespace kvroute::sim::testing {
@@ -211,6 +216,194 @@ TEST_P(SimKvEventsTest, BlockStoredMatchesTokensAndDebugEndpoint) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Encodings, SimKvEventsTest, ::testing::Values("positional", "map"));
+
+// The value of the first sample of `name` (exact name, any labels) in Prometheus text; nullopt if absent.
+std::optional<double> metric(const std::string& text, const std::string& name) {
+  const auto pos = text.find("\n" + name + "{");
+  if (pos == std::string::npos) return std::nullopt;
+  const auto space = text.find("} ", pos);
+  return std::strtod(text.c_str() + space + 2, nullptr);
+}
+
+// A label's value in the first sample of `name`.
+std::string metric_label(const std::string& text, const std::string& name, const std::string& label) {
+  const auto pos = text.find("\n" + name + "{");
+  if (pos == std::string::npos) return {};
+  const auto end = text.find('}', pos);
+  const auto at = text.find(label + "=\"", pos);
+  if (at == std::string::npos || at > end) return {};
+  const auto begin = at + label.size() + 2;
+  return text.substr(begin, text.find('"', begin) - begin);
+}
+
+// Applies a decoded native batch to a model of the worker's GPU blocks, as a router would.
+void apply_to_model(const events::KvEventBatch& batch, std::set<std::uint64_t>& held) {
+  for (const events::KvEvent& e : batch.events) {
+    switch (e.type) {
+      case events::KvEventType::kBlockStored:
+        EXPECT_EQ(e.medium, events::Medium::kGpu);
+        for (std::uint64_t h : batch.hashes_of(e)) held.insert(h);
+        break;
+      case events::KvEventType::kBlockRemoved:
+        for (std::uint64_t h : batch.hashes_of(e)) EXPECT_EQ(held.erase(h), 1u) << "removed a block never stored";
+        break;
+      case events::KvEventType::kAllBlocksCleared:
+        held.clear();
+        break;
+    }
+  }
+}
+
+std::set<std::uint64_t> debug_gpu_blocks(std::uint16_t port) {
+  json::value blocks = json::parse(http_call(port, "GET", "/debug/kv_blocks").body);
+  std::set<std::uint64_t> out;
+  for (const auto& h : blocks.at("gpu").as_array()) out.insert(std::stoull(std::string(h.as_string())));
+  EXPECT_TRUE(blocks.at("cpu").as_array().empty());
+  return out;
+}
+
+// --kv-events-format native: the same block events as the vLLM path in kvroute.v1.EventBatch payloads under
+// the "kvroute.v1" topic, plus LoadReports; the router's decoder reads them, the stored / removed events
+// reproduce /debug/kv_blocks exactly through evictions, a LoadReport of an idle worker equals /metrics, and
+// the replay socket serves the same payloads.
+TEST(SimNativeKvEvents, StreamMatchesDebugBlocksAndLoadMatchesMetrics) {
+  const std::uint16_t events_port = free_port_range(2);
+  SimProcess sim({"--speed", "100", "--num-gpu-blocks", "40", "--kv-events-port", std::to_string(events_port),
+                  "--kv-events-replay-port", std::to_string(events_port + 1), "--kv-events-format", "native",
+                  "--kv-events-load-interval", "0.2"});
+  ASSERT_TRUE(sim.ready());
+
+  void* ctx = zmq_ctx_new();
+  void* sub = zmq_socket(ctx, ZMQ_SUB);
+  int linger = 0;
+  zmq_setsockopt(sub, ZMQ_LINGER, &linger, sizeof linger);
+  zmq_setsockopt(sub, ZMQ_SUBSCRIBE, events::kNativeTopicPrefix.data(), events::kNativeTopicPrefix.size());
+  ASSERT_EQ(zmq_connect(sub, ("tcp://127.0.0.1:" + std::to_string(events_port)).c_str()), 0);
+
+  events::NativeDecoder dec;
+  events::KvEventBatch batch;
+  std::optional<events::WorkerTelemetry> load;
+  std::optional<events::WorkerTelemetry> last_load;  // the newest LoadReport received
+  v1::EventBatch raw;
+  std::int64_t last_seq = -1;
+  std::size_t stored_events = 0, removed_events = 0;
+  std::set<std::uint64_t> held;
+  // Receives one message and applies it; returns false on timeout.
+  auto next = [&](int timeout_ms) {
+    auto frames = recv_multipart(sub, timeout_ms);
+    if (frames.empty()) return false;
+    EXPECT_EQ(frames.size(), 3u);
+    if (frames.size() != 3) return false;
+    EXPECT_EQ(frames[0], "kvroute.v1");
+    EXPECT_EQ(frames[1].size(), 8u);
+    const std::int64_t seq = be64(frames[1]);
+    if (last_seq >= 0) {
+      EXPECT_EQ(seq, last_seq + 1) << "gap in the live stream";
+    }
+    last_seq = seq;
+    const auto* p = reinterpret_cast<const std::uint8_t*>(frames[2].data());
+    auto st = dec.decode({p, frames[2].size()}, events::DecodeLimits{}, batch, load);
+    EXPECT_TRUE(st) << (st ? "" : st.error().message);
+    EXPECT_TRUE(raw.ParseFromString(frames[2]));
+    EXPECT_TRUE(raw.has_seq());
+    EXPECT_EQ(raw.seq(), static_cast<std::uint64_t>(seq));  // the payload repeats the frame's sequence number
+    if (load) last_load = load;
+    for (const auto& e : batch.events) {
+      if (e.type == events::KvEventType::kBlockStored) {
+        ++stored_events;
+        EXPECT_EQ(e.block_size, 16u);
+        EXPECT_EQ(e.tokens_count, 16 * e.hashes_count);
+        EXPECT_TRUE(e.lora_name.empty());
+      } else if (e.type == events::KvEventType::kBlockRemoved) {
+        ++removed_events;
+      }
+    }
+    apply_to_model(batch, held);
+    return true;
+  };
+
+  // The periodic LoadReport proves the subscription is in place before any block is stored, so the model
+  // below sees every block event (PUB/SUB drops what precedes the subscription).
+  bool subscribed = false;
+  for (int i = 0; i < 50 && !subscribed; ++i) subscribed = next(200) && load.has_value() && batch.events.empty();
+  ASSERT_TRUE(subscribed) << "no LoadReport heartbeat";
+  EXPECT_EQ(load->engine, events::EngineKind::kNative);
+  EXPECT_EQ(load->num_gpu_blocks, 40u);
+  EXPECT_EQ(load->block_size, 16u);
+  EXPECT_EQ(load->running, 0.0);
+
+  // Eight distinct 128-token prompts (8 blocks + 1 output block each) into a 40-block pool: evictions.
+  for (int r = 0; r < 8; ++r) {
+    json::array prompt;
+    for (int t = 0; t < 128; ++t) prompt.push_back(5000 + r * 1000 + t);
+    const std::string body = json::serialize(json::object{{"prompt", prompt}, {"max_tokens", 4}});
+    auto reply = http_call(sim.port(), "POST", "/v1/completions", body);
+    ASSERT_EQ(reply.status, 200) << reply.body;
+    while (next(0)) {
+    }
+  }
+  // Every request has been answered, so the worker is idle: give its last events and at least one periodic
+  // LoadReport time to arrive, then drain. The newest report is the idle worker's, which /metrics shows too.
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  last_load.reset();
+  while (next(0)) {
+  }
+  ASSERT_TRUE(last_load.has_value()) << "no LoadReport within 0.7 s (interval 0.2 s)";
+  const events::WorkerTelemetry idle_load = *last_load;
+  EXPECT_EQ(idle_load.running, 0.0);
+  EXPECT_EQ(idle_load.waiting, 0.0);
+
+  EXPECT_GT(stored_events, 0u);
+  EXPECT_GT(removed_events, 0u) << "the burst should have evicted";
+  const std::set<std::uint64_t> truth = debug_gpu_blocks(sim.port());
+  EXPECT_EQ(held, truth);
+  EXPECT_GT(truth.size(), 20u);
+
+  const std::string m = http_call(sim.port(), "GET", "/metrics").body;
+  EXPECT_EQ(idle_load.running, metric(m, "vllm:num_requests_running"));
+  EXPECT_EQ(idle_load.waiting, metric(m, "vllm:num_requests_waiting"));
+  ASSERT_TRUE(metric(m, "vllm:kv_cache_usage_perc").has_value());
+  EXPECT_NEAR(*idle_load.kv_usage, *metric(m, "vllm:kv_cache_usage_perc"), 1e-9);
+  EXPECT_EQ(std::to_string(*idle_load.num_gpu_blocks), metric_label(m, "vllm:cache_config_info", "num_gpu_blocks"));
+  EXPECT_EQ(std::to_string(*idle_load.block_size), metric_label(m, "vllm:cache_config_info", "block_size"));
+  EXPECT_EQ(idle_load.prefix_cache_queries, metric(m, "vllm:prefix_cache_queries_total"));
+  EXPECT_EQ(idle_load.prefix_cache_hits, metric(m, "vllm:prefix_cache_hits_total"));
+  EXPECT_GT(*idle_load.prefix_cache_queries, 0.0);
+
+  // Replay from 0: every batch since start, in order, each a native payload whose seq field repeats the
+  // frame's; applied in order they give the same blocks.
+  void* dealer = zmq_socket(ctx, ZMQ_DEALER);
+  zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof linger);
+  ASSERT_EQ(zmq_connect(dealer, ("tcp://127.0.0.1:" + std::to_string(events_port + 1)).c_str()), 0);
+  const std::string start(8, '\0');
+  zmq_send(dealer, "", 0, ZMQ_SNDMORE);
+  zmq_send(dealer, start.data(), start.size(), 0);
+  std::set<std::uint64_t> replayed;
+  std::int64_t expect_seq = 0;
+  bool ended = false;
+  while (!ended) {
+    auto frames = recv_multipart(dealer, 2000);
+    ASSERT_EQ(frames.size(), 3u);
+    EXPECT_TRUE(frames[0].empty());
+    const std::int64_t seq = be64(frames[1]);
+    if (seq == -1) {
+      ended = true;
+      continue;
+    }
+    ASSERT_EQ(seq, expect_seq++);
+    const auto* p = reinterpret_cast<const std::uint8_t*>(frames[2].data());
+    ASSERT_TRUE(dec.decode({p, frames[2].size()}, events::DecodeLimits{}, batch, load));
+    ASSERT_TRUE(raw.ParseFromString(frames[2]));
+    EXPECT_EQ(raw.seq(), static_cast<std::uint64_t>(seq));
+    apply_to_model(batch, replayed);
+  }
+  EXPECT_GE(expect_seq - 1, last_seq);  // the buffer reaches at least as far as the live stream did
+  EXPECT_EQ(replayed, truth);  // batches after the live stream's last can only be load reports (no traffic)
+
+  zmq_close(dealer);
+  zmq_close(sub);
+  zmq_ctx_term(ctx);
+}
 
 }  // namespace
 }  // namespace kvroute::sim::testing

@@ -5,6 +5,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
 
+#include "backends/events/native_events.h"
 #include "backends/sim/server/kv_events.h"
 #include "backends/sim/server/openai_api.h"
 #include "backends/sim/server/options.h"
@@ -151,6 +152,87 @@ TEST(SimKvEvents, MapBatchBytes) {
       "\x83\xa4type\xac" "BlockRemoved" "\xac" "block_hashes" "\x91\x05" "\xa6" "medium" "\xa3" "CPU"
       "\xb2" "data_parallel_rank" "\0");
   EXPECT_EQ(bytes, expected);
+}
+
+TEST(SimKvEvents, NativeBatchDecodesWithTheRoutersDecoder) {
+  KvEventBatch batch(KvEventEncoding::kNative);
+  const std::uint64_t hashes[] = {0xffffffffffffffffull, 7};
+  std::vector<std::uint32_t> tokens(32);
+  for (std::uint32_t i = 0; i < 32; ++i) tokens[i] = 1000 + i;
+  batch.stored(hashes, std::nullopt, tokens, 16, "GPU");
+  const std::uint64_t child[] = {9};
+  batch.stored(child, 7, std::span(tokens).first(16), 16, "CPU");
+  batch.removed(child, "CPU");
+  batch.cleared();
+  EXPECT_EQ(batch.size(), 4u);
+  events::WorkerTelemetry load;
+  load.running = 3;
+  load.waiting = 1;
+  load.kv_usage = 0.25;
+  load.num_gpu_blocks = 200;
+  load.block_size = 16;
+  const std::string bytes = batch.encode(1.5, 0, &load, 42);
+
+  events::NativeDecoder dec;
+  events::KvEventBatch out;
+  std::optional<events::WorkerTelemetry> got;
+  const auto* p = reinterpret_cast<const std::uint8_t*>(bytes.data());
+  ASSERT_TRUE(dec.decode({p, bytes.size()}, events::DecodeLimits{}, out, got));
+  EXPECT_DOUBLE_EQ(out.ts, 1.5);
+  EXPECT_EQ(out.data_parallel_rank, 0);
+  ASSERT_EQ(out.events.size(), 4u);
+  EXPECT_EQ(out.events[0].type, events::KvEventType::kBlockStored);
+  EXPECT_FALSE(out.events[0].has_parent);
+  EXPECT_EQ(out.events[0].medium, events::Medium::kGpu);
+  EXPECT_EQ(out.events[0].block_size, 16u);
+  EXPECT_EQ(std::vector<std::uint64_t>(out.hashes_of(out.events[0]).begin(), out.hashes_of(out.events[0]).end()),
+            std::vector<std::uint64_t>(std::begin(hashes), std::end(hashes)));
+  EXPECT_EQ(std::vector<std::uint32_t>(out.tokens_of(out.events[0]).begin(), out.tokens_of(out.events[0]).end()),
+            tokens);
+  EXPECT_TRUE(out.events[1].has_parent);
+  EXPECT_EQ(out.events[1].parent_block_hash, 7u);
+  EXPECT_EQ(out.events[1].medium, events::Medium::kCpu);
+  EXPECT_EQ(out.events[2].type, events::KvEventType::kBlockRemoved);
+  EXPECT_EQ(out.events[2].medium, events::Medium::kCpu);
+  EXPECT_EQ(out.events[3].type, events::KvEventType::kAllBlocksCleared);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->running, 3.0);
+  EXPECT_EQ(got->waiting, 1.0);
+  EXPECT_EQ(got->kv_usage, 0.25);
+  EXPECT_EQ(got->num_gpu_blocks, 200u);
+  EXPECT_EQ(got->block_size, 16u);
+  EXPECT_FALSE(got->num_cpu_blocks.has_value());  // 0 on the wire: no CPU tier
+
+  // A load-only batch (the periodic report) is a valid EventBatch with no block events.
+  KvEventBatch empty(KvEventEncoding::kNative);
+  const std::string only = empty.encode(2.0, 0, &load);
+  ASSERT_TRUE(dec.decode({reinterpret_cast<const std::uint8_t*>(only.data()), only.size()}, events::DecodeLimits{},
+                         out, got));
+  EXPECT_TRUE(out.events.empty());
+  EXPECT_TRUE(got.has_value());
+}
+
+TEST(SimOptions, NativeFormatFlags) {
+  auto o = parse_sim_options({"--kv-events-port", "5557", "--kv-events-format", "native"});
+  ASSERT_TRUE(o) << o.error().message;
+  EXPECT_EQ(o->kv_events_format, KvEventsFormat::kNative);
+  EXPECT_EQ(o->kv_events_encoding, KvEventEncoding::kNative);
+  EXPECT_EQ(o->kv_events_topic, "kvroute.v1");  // the prefix routers select the native decoder by
+  EXPECT_DOUBLE_EQ(o->kv_events_load_interval_s, 1.0);
+  o = parse_sim_options({"--kv-events-format=native", "--kv-events-topic", "kvroute.v1.w0",
+                         "--kv-events-load-interval", "0.5"});
+  ASSERT_TRUE(o) << o.error().message;
+  EXPECT_EQ(o->kv_events_topic, "kvroute.v1.w0");
+  EXPECT_DOUBLE_EQ(o->kv_events_load_interval_s, 0.5);
+  o = parse_sim_options({});
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->kv_events_format, KvEventsFormat::kVllm);
+  EXPECT_TRUE(o->kv_events_topic.empty());
+  EXPECT_FALSE(parse_sim_options({"--kv-events-format", "protobuf"}));
+  EXPECT_FALSE(parse_sim_options({"--kv-events-format", "native", "--kv-events-topic", "events"}));
+  EXPECT_FALSE(parse_sim_options({"--kv-events-format", "native", "--kv-events-encoding", "map"}));
+  EXPECT_FALSE(parse_sim_options({"--kv-events-topic", "kvroute.v1"}));  // vLLM msgpack under a native topic
+  EXPECT_FALSE(parse_sim_options({"--kv-events-load-interval", "0"}));
 }
 
 TEST(SimOptions, ParsesFlags) {

@@ -7,6 +7,8 @@
 
 #include <zmq.h>
 
+#include "backends/events/native_events.h"
+
 namespace kvroute::sim {
 
 namespace {
@@ -17,11 +19,21 @@ void hashes(internal::MsgpackWriter& w, std::span<const std::uint64_t> block_has
   for (std::uint64_t h : block_hashes) w.i64(static_cast<std::int64_t>(h));
 }
 
+// The engine names its media "GPU" and "CPU" (vLLM's strings); the native schema has an enum.
+events::Medium native_medium(std::string_view medium) {
+  return medium == "CPU" ? events::Medium::kCpu : events::Medium::kGpu;
+}
+
 }  // namespace
 
 void KvEventBatch::stored(std::span<const std::uint64_t> block_hashes, std::optional<std::uint64_t> parent,
                           std::span<const std::uint32_t> token_ids, std::uint32_t block_size,
                           std::string_view medium) {
+  if (encoding_ == KvEventEncoding::kNative) {
+    native_.add_stored(block_hashes, parent, token_ids, block_size, native_medium(medium));
+    ++count_;
+    return;
+  }
   auto& w = events_;
   const bool map = encoding_ == KvEventEncoding::kMap;
   if (map) {
@@ -51,6 +63,11 @@ void KvEventBatch::stored(std::span<const std::uint64_t> block_hashes, std::opti
 }
 
 void KvEventBatch::removed(std::span<const std::uint64_t> block_hashes, std::string_view medium) {
+  if (encoding_ == KvEventEncoding::kNative) {
+    native_.add_removed(block_hashes, native_medium(medium));
+    ++count_;
+    return;
+  }
   auto& w = events_;
   const bool map = encoding_ == KvEventEncoding::kMap;
   if (map) {
@@ -68,6 +85,11 @@ void KvEventBatch::removed(std::span<const std::uint64_t> block_hashes, std::str
 }
 
 void KvEventBatch::cleared() {
+  if (encoding_ == KvEventEncoding::kNative) {
+    native_.add_cleared();
+    ++count_;
+    return;
+  }
   auto& w = events_;
   if (encoding_ == KvEventEncoding::kMap) {
     w.map(1);
@@ -79,7 +101,13 @@ void KvEventBatch::cleared() {
   ++count_;
 }
 
-std::string KvEventBatch::encode(double ts, std::int64_t data_parallel_rank) const {
+std::string KvEventBatch::encode(double ts, std::int64_t data_parallel_rank, const events::WorkerTelemetry* load,
+                                 std::optional<std::uint64_t> seq) {
+  if (encoding_ == KvEventEncoding::kNative) {
+    native_.ts = ts;
+    native_.data_parallel_rank = data_parallel_rank;
+    return events::encode_native_batch(native_, load, seq);
+  }
   internal::MsgpackWriter w;
   const bool map = encoding_ == KvEventEncoding::kMap;
   if (map) {

@@ -5,6 +5,8 @@
 #include <iterator>
 #include <cmath>
 
+#include "backends/events/native_events.h"
+
 namespace kvroute::sim {
 
 const char* const kUsage = R"(kvroute-sim: a simulated vLLM worker (OpenAI API, prefix cache, metrics, KV events).
@@ -28,8 +30,14 @@ flags (--flag VALUE or --flag=VALUE):
   --max-model-len N           longest prompt + output accepted (default: the engine's)
   --kv-events-port BASE       publish KV events on ZMQ PUB tcp://HOST:BASE+i (default 0 = off)
   --kv-events-replay-port R   replay ROUTER of worker i at R+i (default BASE + workers)
-  --kv-events-encoding E      positional (vLLM <= 0.23 arrays) or map (current vLLM) (default positional)
-  --kv-events-topic T         topic frame of every KV-event message (default empty, as vLLM)
+  --kv-events-format F        vllm (vLLM's msgpack publisher) or native (kvroute.v1 protobuf EventBatch,
+                              docs/events.md; adds LoadReport events) (default vllm)
+  --kv-events-encoding E      vllm format: positional (vLLM <= 0.23 arrays) or map (current vLLM)
+                              (default positional)
+  --kv-events-topic T         topic frame of every KV-event message (default empty, as vLLM; native:
+                              default kvroute.v1, and T must start with kvroute.v1)
+  --kv-events-load-interval S native: a LoadReport at least every S wall seconds, in a batch of its own
+                              when no event batch carried one (default 1)
   --seed N                    seed of generated text and block hashes (default 0)
   --max-body-bytes N          largest accepted request body (default 8388608)
   --idle-timeout S            close a keep-alive connection idle for S wall seconds (default 60)
@@ -68,6 +76,8 @@ Result<double> parse_double(std::string_view flag, std::string_view v, double mi
 Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& args) {
   SimServerOptions o;
   bool replay_set = false;
+  bool encoding_set = false;
+  bool topic_set = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string_view flag = args[i];
     std::string_view value;
@@ -85,8 +95,8 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
     static constexpr std::string_view kKnown[] = {
         "--host", "--port", "--workers", "--model", "--served-model-name", "--model-config", "--gpu",
         "--cpu-tier-gb", "--speed", "--num-gpu-blocks", "--max-num-seqs", "--max-model-len", "--kv-events-port",
-        "--kv-events-replay-port", "--kv-events-encoding", "--kv-events-topic", "--seed", "--max-body-bytes",
-        "--idle-timeout"};
+        "--kv-events-replay-port", "--kv-events-format", "--kv-events-encoding", "--kv-events-topic",
+        "--kv-events-load-interval", "--seed", "--max-body-bytes", "--idle-timeout"};
     if (std::find(std::begin(kKnown), std::end(kKnown), flag) == std::end(kKnown)) {
       return make_error("unknown flag '" + std::string(flag) + "' (see --help)");
     }
@@ -142,12 +152,22 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
     } else if (flag == "--kv-events-replay-port") {
       err = set_u16(o.kv_events_replay_port, 1);
       replay_set = true;
+    } else if (flag == "--kv-events-format") {
+      if (value == "vllm") o.kv_events_format = KvEventsFormat::kVllm;
+      else if (value == "native") o.kv_events_format = KvEventsFormat::kNative;
+      else return make_error("--kv-events-format: expected 'vllm' or 'native', got '" + std::string(value) + "'");
     } else if (flag == "--kv-events-encoding") {
       if (value == "positional") o.kv_events_encoding = KvEventEncoding::kPositional;
       else if (value == "map") o.kv_events_encoding = KvEventEncoding::kMap;
       else return make_error("--kv-events-encoding: expected 'positional' or 'map', got '" + std::string(value) + "'");
+      encoding_set = true;
     } else if (flag == "--kv-events-topic") {
       o.kv_events_topic = std::string(value);
+      topic_set = true;
+    } else if (flag == "--kv-events-load-interval") {
+      auto r = parse_double(flag, value, 0.001);
+      if (!r) return r.error();
+      o.kv_events_load_interval_s = *r;
     } else if (flag == "--seed") {
       auto r = parse_number<std::uint64_t>(flag, value, 0, UINT64_MAX);
       if (!r) return r.error();
@@ -164,6 +184,20 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
       return make_error("unknown flag '" + std::string(flag) + "' (see --help)");
     }
     if (err) return *err;
+  }
+  // The router tells the payload encoding by the topic (docs/events.md), so topics are not free.
+  const std::string_view native_prefix = events::kNativeTopicPrefix;
+  if (o.kv_events_format == KvEventsFormat::kNative) {
+    if (encoding_set) return make_error("--kv-events-encoding applies to --kv-events-format vllm only");
+    if (!topic_set) o.kv_events_topic = std::string(native_prefix);
+    if (!o.kv_events_topic.starts_with(native_prefix)) {
+      return make_error("--kv-events-topic: a native stream's topic must start with '" + std::string(native_prefix) +
+                        "' (that prefix selects the router's protobuf decoder), got '" + o.kv_events_topic + "'");
+    }
+    o.kv_events_encoding = KvEventEncoding::kNative;
+  } else if (o.kv_events_topic.starts_with(native_prefix)) {
+    return make_error("--kv-events-topic: '" + o.kv_events_topic + "' starts with '" + std::string(native_prefix) +
+                      "', which routers read as the native stream; use --kv-events-format native or another topic");
   }
   if (o.port + o.workers - 1 > 65535) return make_error("--port + --workers exceeds 65535");
   if (o.kv_events_port != 0) {

@@ -18,6 +18,10 @@
 
 namespace kvroute::sim {
 
+// Which publisher a worker runs with --kv-events-port: vLLM's msgpack (--kv-events-encoding picks the shape)
+// or kvroute's native protobuf stream (docs/events.md section 4).
+enum class KvEventsFormat { kVllm, kNative };
+
 struct SimServerOptions {
   bool help = false;
   std::string host = "127.0.0.1";
@@ -34,8 +38,10 @@ struct SimServerOptions {
   std::optional<std::uint32_t> max_model_len;
   std::uint16_t kv_events_port = 0;    // 0 = no KV events; worker i publishes on port + i
   std::uint16_t kv_events_replay_port = 0;  // 0 = kv_events_port + workers (right after the PUB range)
-  KvEventEncoding kv_events_encoding = KvEventEncoding::kPositional;
-  std::string kv_events_topic;
+  KvEventsFormat kv_events_format = KvEventsFormat::kVllm;
+  KvEventEncoding kv_events_encoding = KvEventEncoding::kPositional;  // kNative when the format is native
+  std::string kv_events_topic;         // native: defaults to "kvroute.v1" and must start with it
+  double kv_events_load_interval_s = 1.0;  // native: wall seconds between LoadReports of an idle worker
   std::uint64_t seed = 0;
   std::size_t max_body_bytes = 8u << 20;
   double idle_timeout_s = 60;          // keep-alive connection idle limit (wall seconds)

@@ -34,6 +34,17 @@ void observe(const std::vector<double>& buckets, std::vector<std::uint64_t>& cou
   ++counts.back();  // the +Inf bucket
 }
 
+// The figures whose change makes a native LoadReport due; the cumulative prefix-cache counters ride along
+// but move with every admission, which running / waiting already report.
+bool same_load(const events::WorkerTelemetry& a, const events::WorkerTelemetry& b) {
+  return a.running == b.running && a.waiting == b.waiting && a.kv_usage == b.kv_usage &&
+         a.num_gpu_blocks == b.num_gpu_blocks && a.num_cpu_blocks == b.num_cpu_blocks && a.block_size == b.block_size;
+}
+
+std::chrono::steady_clock::duration wall_seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
 std::string fmt_double(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.12g", v);
@@ -138,7 +149,7 @@ Result<std::shared_ptr<SimWorker>> SimWorker::create(net::io_context& io, SimWor
 }
 
 SimWorker::SimWorker(net::io_context& io, SimWorkerConfig config, Engine engine)
-    : io_(io), config_(std::move(config)), engine_(std::move(engine)), acceptor_(io), timer_(io) {}
+    : io_(io), config_(std::move(config)), engine_(std::move(engine)), acceptor_(io), timer_(io), load_timer_(io) {}
 
 SimWorker::~SimWorker() = default;
 
@@ -147,6 +158,7 @@ void SimWorker::start() {
   created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
                  .count();
   do_accept();
+  if (native_events()) arm_load_timer(start_);  // a first report right away, then one per interval
 }
 
 void SimWorker::stop() {
@@ -154,6 +166,7 @@ void SimWorker::stop() {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   timer_.cancel();
+  load_timer_.cancel();
   // In-flight requests hold their sessions and the sessions hold this worker: break the cycle.
   inflight_.clear();
 }
@@ -273,11 +286,70 @@ bool SimWorker::reset_prefix_cache() {
 }
 
 void SimWorker::publish(KvEventBatch& batch) {
-  if (!publisher_ || batch.empty()) return;
+  if (!publisher_) return;
+  if (!native_events()) {
+    if (!batch.empty()) send(batch, nullptr);
+    return;
+  }
+  const events::WorkerTelemetry load = load_report();
+  const bool changed = !load_sent_ || !same_load(load, *load_sent_);
+  if (!batch.empty()) {
+    send(batch, changed ? &load : nullptr);  // the load rides along for free
+  } else if (changed && !load_dirty_) {
+    // A change without cache events (a request finished, say): report it soon, but at most ten load-only
+    // batches per interval, so a busy worker does not spend its replay buffer on them.
+    load_dirty_ = true;
+    arm_load_timer(std::max(std::chrono::steady_clock::now(),
+                            load_sent_at_ + wall_seconds(config_.kv_events_load_interval_s / 10)));
+  }
+}
+
+void SimWorker::send(KvEventBatch& batch, const events::WorkerTelemetry* load) {
   const double ts =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  publisher_->publish(batch.encode(ts, 0));
+  // The native payload repeats the frame's sequence number (proto/kv_events.proto, EventBatch.seq).
+  publisher_->publish(batch.encode(ts, 0, load, publisher_->next_seq()));
   ++kv_event_batches_;
+  if (load != nullptr) {
+    load_sent_ = *load;
+    load_sent_at_ = std::chrono::steady_clock::now();
+    load_dirty_ = false;
+  }
+}
+
+events::WorkerTelemetry SimWorker::load_report() const {
+  const EngineStats s = engine_.stats();
+  events::WorkerTelemetry t;
+  t.engine = events::EngineKind::kNative;
+  t.running = s.running;
+  t.waiting = s.waiting;
+  t.kv_usage = s.kv_usage;
+  t.num_gpu_blocks = s.num_gpu_blocks;
+  t.num_cpu_blocks = s.num_cpu_blocks;
+  t.block_size = s.block_tokens;
+  t.prefix_cache_queries = static_cast<double>(s.prefix_cache_queries);
+  t.prefix_cache_hits = static_cast<double>(s.prefix_cache_hits);
+  return t;
+}
+
+void SimWorker::arm_load_timer(std::chrono::steady_clock::time_point when) {
+  if (stopped_) return;
+  if (load_armed_for_ <= when) return;  // an earlier wake-up is pending; it re-arms after reporting
+  load_armed_for_ = when;
+  load_timer_.expires_at(when);  // cancels the later wait, whose handler sees operation_aborted
+  load_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) { self->on_load_timer(ec); });
+}
+
+void SimWorker::on_load_timer(boost::system::error_code ec) {
+  if (ec == net::error::operation_aborted || stopped_) return;
+  load_armed_for_ = std::chrono::steady_clock::time_point::max();
+  const auto interval = wall_seconds(config_.kv_events_load_interval_s);
+  if (load_dirty_ || !load_sent_ || std::chrono::steady_clock::now() >= load_sent_at_ + interval) {
+    KvEventBatch load_only(KvEventEncoding::kNative);
+    const events::WorkerTelemetry load = load_report();
+    send(load_only, &load);
+  }
+  arm_load_timer(load_sent_at_ + interval);
 }
 
 std::string SimWorker::models_json() const {

@@ -5,7 +5,12 @@
 // for the engine's next_event_time(), mapped back to wall time, so an idle worker costs nothing and a busy
 // one wakes once per engine step (or less: advance() runs every step that ended by `now`).
 //
-// Threading: everything (acceptor, sessions, timer, engine, PUB socket) runs on the one io_context thread
+// Native KV events (--kv-events-format native) also carry the worker's load (LoadReport): on every event
+// batch whose load differs from the last report, in a batch of its own when the load changed and no event
+// batch came within a tenth of the load interval, and at least once per load interval (a heartbeat for an idle
+// worker). Every load-only batch uses a sequence number and a replay slot, like any batch.
+//
+// Threading: everything (acceptor, sessions, timers, engine, PUB socket) runs on the one io_context thread
 // that the SimServer runs; that thread is the implicit strand, so nothing here takes a lock. Only the
 // KV-event replay thread is separate (see kv_events.h).
 //
@@ -25,10 +30,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "backends/events/telemetry.h"
 #include "backends/sim/engine.h"
 #include "backends/sim/server/kv_events.h"
 #include "backends/sim/server/openai_api.h"
@@ -58,7 +65,8 @@ struct SimWorkerConfig {
   double idle_timeout_s = 60;
   // KV events; empty endpoint = off.
   KvEventPublisherConfig kv_events;
-  KvEventEncoding kv_events_encoding = KvEventEncoding::kPositional;
+  KvEventEncoding kv_events_encoding = KvEventEncoding::kPositional;  // kNative adds LoadReports
+  double kv_events_load_interval_s = 1.0;  // native: longest wall time between two LoadReports
   void* zmq_context = nullptr;
 };
 
@@ -98,7 +106,14 @@ class SimWorker : public std::enable_shared_from_this<SimWorker> {
   void on_timer(boost::system::error_code ec);
   void run_advance(double now);
   void do_accept();
+  // Publishes the batch of one advance (native: with the load when it changed; see the header comment).
   void publish(KvEventBatch& batch);
+  // Sends one batch now, with `load` as its last event when not null.
+  void send(KvEventBatch& batch, const events::WorkerTelemetry* load);
+  bool native_events() const { return publisher_ && config_.kv_events_encoding == KvEventEncoding::kNative; }
+  events::WorkerTelemetry load_report() const;
+  void arm_load_timer(std::chrono::steady_clock::time_point when);
+  void on_load_timer(boost::system::error_code ec);
 
   boost::asio::io_context& io_;
   SimWorkerConfig config_;
@@ -108,6 +123,12 @@ class SimWorker : public std::enable_shared_from_this<SimWorker> {
   std::chrono::steady_clock::time_point armed_for_ = std::chrono::steady_clock::time_point::max();
   std::chrono::steady_clock::time_point start_;
   std::unique_ptr<KvEventPublisher> publisher_;
+  // Native LoadReports (io thread only, like everything here).
+  boost::asio::steady_timer load_timer_;
+  std::chrono::steady_clock::time_point load_armed_for_ = std::chrono::steady_clock::time_point::max();
+  std::chrono::steady_clock::time_point load_sent_at_{};
+  std::optional<events::WorkerTelemetry> load_sent_;  // the last report published
+  bool load_dirty_ = false;                           // the load changed since load_sent_ and is not sent yet
   bool stopped_ = false;
   double last_now_ = 0;           // engine time never goes back
   double armed_engine_time_ = 0;  // engine time the timer is armed for
