@@ -10,7 +10,9 @@ namespace kvroute::backends {
 namespace {
 constexpr int kStaleAfterMisses = 3;
 
-WorkerTelemetry from_events(const events::WorkerTelemetry& t) {
+}  // namespace
+
+WorkerTelemetry telemetry_from(const events::WorkerTelemetry& t) {
   WorkerTelemetry out;
   out.running = static_cast<std::uint32_t>(t.running.value_or(0));
   out.waiting = static_cast<std::uint32_t>(t.waiting.value_or(0));
@@ -20,7 +22,6 @@ WorkerTelemetry from_events(const events::WorkerTelemetry& t) {
   out.valid = t.running || t.waiting || t.kv_usage;
   return out;
 }
-}  // namespace
 
 TelemetryPoller::TelemetryPoller(boost::asio::any_io_executor ex, WorkerRegistry& registry,
                                  std::chrono::milliseconds interval, OnUpdate on_update)
@@ -56,7 +57,7 @@ void TelemetryPoller::poll(std::shared_ptr<Worker> worker) {
   const auto timeout = std::max(interval_, std::chrono::milliseconds(500));
   http_get(strand_, worker->endpoint(), "/metrics", timeout, [self = shared_from_this(), worker](Result<SimpleResponse> r) {
     std::optional<WorkerTelemetry> t;
-    if (r && r->status == 200) t = from_events(events::parse_worker_telemetry(r->body));
+    if (r && r->status == 200) t = telemetry_from(events::parse_worker_telemetry(r->body));
     boost::asio::post(self->strand_, [self, worker, t] {
       self->in_progress_[worker->id()] = false;
       if (t && t->valid) {

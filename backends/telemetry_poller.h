@@ -18,9 +18,13 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
+#include "backends/events/telemetry.h"
 #include "backends/worker_registry.h"
 
 namespace kvroute::backends {
+
+// The registry's view of what an engine reported (its /metrics, or a native LoadReport event).
+WorkerTelemetry telemetry_from(const events::WorkerTelemetry& t);
 
 class TelemetryPoller : public std::enable_shared_from_this<TelemetryPoller> {
  public:

@@ -215,6 +215,27 @@ void PrefixIndex::store(WorkerId worker, std::span<const BlockHash> blocks, Tier
   for (BlockHash h : blocks) touch(worker, h, tier);
 }
 
+void PrefixIndex::expect(WorkerId worker, std::span<const BlockHash> chain) {
+  std::unique_lock lock(mu_);
+  for (BlockHash h : chain) {
+    if (find_entry(worker, h) == kNil) touch(worker, h, Tier::kPredicted);
+  }
+}
+
+std::size_t PrefixIndex::drop_unconfirmed(WorkerId worker, std::span<const BlockHash> chain) {
+  std::unique_lock lock(mu_);
+  if (worker >= workers_.size()) return 0;
+  std::size_t dropped = 0;
+  for (BlockHash h : chain) {
+    const std::uint32_t e = find_entry(worker, h);
+    if (e != kNil && entries_[e].tier == Tier::kPredicted) {
+      erase_entry(e);
+      ++dropped;
+    }
+  }
+  return dropped;
+}
+
 std::size_t PrefixIndex::remove(WorkerId worker, std::span<const BlockHash> blocks) {
   std::unique_lock lock(mu_);
   if (worker >= workers_.size()) return 0;

@@ -67,6 +67,12 @@ class PrefixIndex {
   // Precise mode: apply a worker's own events. store() inserts or moves blocks to `tier` and marks them
   // most recently used, in the order given.
   void store(WorkerId worker, std::span<const BlockHash> blocks, Tier tier);
+  // Precise mode, at routing time: blocks of `chain` the worker is not known to hold are added on the
+  // kPredicted tier; entries it already has keep their tier. The worker's events then confirm them (store()
+  // moves them to their real tier) or the router drops them with drop_unconfirmed() when the request ends.
+  void expect(WorkerId worker, std::span<const BlockHash> chain);
+  // Removes the blocks of `chain` that are still only predicted for this worker. Returns how many.
+  std::size_t drop_unconfirmed(WorkerId worker, std::span<const BlockHash> chain);
   // Removes the listed blocks of this worker; unknown blocks are ignored. Returns how many were removed.
   std::size_t remove(WorkerId worker, std::span<const BlockHash> blocks);
   // Drops every entry of the worker (publisher restart, AllBlocksCleared, worker removed).

@@ -89,14 +89,7 @@ Result<bool> App::start() {
   if (config_.metrics_interval_s > 0) {
     telemetry_ = std::make_shared<backends::TelemetryPoller>(
         io_.get_executor(), registry_, ms(config_.metrics_interval_s),
-        [this](const backends::Worker& w, const backends::WorkerTelemetry& t) {
-          // The engine's KV capacity, in the router's blocks, bounds what approximate mode believes it holds.
-          if (t.num_gpu_blocks > 0) {
-            const std::uint64_t tokens = t.num_gpu_blocks * (t.block_size ? t.block_size : config_.block_tokens);
-            router_->index().set_capacity(w.id(), tokens / config_.block_tokens);
-          }
-          if (auto s = metrics_.worker(w.id())) s->kv_usage->Set(t.kv_usage);
-        });
+        [this](const backends::Worker& w, const backends::WorkerTelemetry& t) { on_telemetry(w, t); });
     telemetry_->start();
   }
   for (auto& l : api_) l->run();
@@ -149,6 +142,15 @@ void App::subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint&
   sub->set_liveness_listener([this](hashing::WorkerId w, bool live, std::string_view reason) {
     on_stream_liveness(w, live, reason);
   });
+  // Native streams carry load reports: telemetry without polling /metrics.
+  sub->set_telemetry_listener([this](hashing::WorkerId id, const events::WorkerTelemetry& reported) {
+    auto worker = registry_.find(id);
+    if (!worker) return;
+    const backends::WorkerTelemetry t = backends::telemetry_from(reported);
+    if (!t.valid) return;
+    worker->set_telemetry(t);
+    on_telemetry(*worker, t);
+  });
   std::lock_guard lock(events_mu_);
   if (stopping_) return;
   if (auto started = sub->start(); !started) {
@@ -158,6 +160,15 @@ void App::subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint&
   }
   LOG_INFO("worker " << ep.name << ": subscribed to KV events at " << ep.kv_events_endpoint << " (model " << model << ")");
   subscribers_[id] = std::move(sub);
+}
+
+void App::on_telemetry(const backends::Worker& w, const backends::WorkerTelemetry& t) {
+  // The engine's KV capacity, in the router's blocks, bounds what approximate mode believes it holds.
+  if (t.num_gpu_blocks > 0) {
+    const std::uint64_t tokens = t.num_gpu_blocks * (t.block_size ? t.block_size : config_.block_tokens);
+    router_->index().set_capacity(w.id(), tokens / config_.block_tokens);
+  }
+  if (auto s = metrics_.worker(w.id())) s->kv_usage->Set(t.kv_usage);
 }
 
 void App::on_stream_liveness(hashing::WorkerId id, bool live, std::string_view reason) {

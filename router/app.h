@@ -48,6 +48,8 @@ class App {
   void start_events(const backends::Worker& worker);
   void subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint& ep, const std::string& model);
   void on_stream_liveness(hashing::WorkerId id, bool live, std::string_view reason);
+  // A worker's load report (polled /metrics, or a native LoadReport event): KV capacity and usage.
+  void on_telemetry(const backends::Worker& w, const backends::WorkerTelemetry& t);
 
   const std::vector<std::unique_ptr<boost::asio::io_context>>& contexts_;
   boost::asio::io_context& io_;  // the control-plane context (contexts_[0])

@@ -99,14 +99,16 @@ Result<Decision> Router::route(const RoutableRequest& request) {
 
   // Observer: the worker will hold this prefix once it has prefilled it. In approximate mode that prediction
   // is all the router has (capacity-bounded LRU). In precise mode the worker's events are the truth, but they
-  // come only after the prefill, so a burst on a new prefix would see it cold everywhere: the router records
-  // the routed chain at once (as Dynamo's KV router tracks in-flight blocks) and the events then confirm or
-  // remove it. Only token chains can be confirmed (events carry token ids), so text chains are not recorded.
+  // come only after the prefill, so a burst on a new prefix would see it cold everywhere: the router adds the
+  // routed chain's missing blocks as predicted at once (as Dynamo's KV router tracks in-flight blocks), the
+  // events confirm them, and whatever is still unconfirmed when the request ends is dropped. Only token
+  // chains can be confirmed (events carry token ids), so text chains are not recorded.
   d.worker->begin(d.uncached_tokens);
   if (!d.worker->precise()) {
     index_.record(d.worker->id(), request.chain.hashes);
   } else if (request.chain.unit == hashing::Unit::kToken) {
-    index_.store(d.worker->id(), request.chain.hashes, hashing::Tier::kGpu);
+    index_.expect(d.worker->id(), request.chain.hashes);
+    d.expected = request.chain.hashes;
   }
   if (!request.session_key.empty()) bind_session(request.session_key, d.worker->id());
   metrics_.routed(std::string(policy::reason_name(d.pick.reason)));
@@ -151,6 +153,7 @@ void Router::first_byte(Decision& d) {
 void Router::complete(Decision& d, const Outcome& outcome) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
   d.worker->end(d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
+  if (!d.expected.empty()) index_.drop_unconfirmed(d.worker->id(), d.expected);
   metrics_.request_seconds(total);
   if (!outcome.ok) metrics_.error("upstream");
   if (outcome.ok && outcome.usage && d.streamed && d.first_byte_seen) {

@@ -40,6 +40,7 @@ struct Decision {
   bool streamed = false;           // the first byte is the first token (server-sent events)
   double queue_s = 0;              // prefill work the router believed queued ahead at dispatch (seconds)
   std::uint64_t decode_context_tokens = 0;  // the worker's active decode tokens at dispatch
+  std::vector<hashing::BlockHash> expected;  // precise mode: blocks predicted at dispatch, settled at the end
 };
 
 struct Usage {

@@ -185,7 +185,7 @@ TEST(PreciseE2E, NativeEventStreamKeepsRouterIndexExactAfterEvictingBurst) {
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(wait_http(sim + i, "/health", 10s));
   const int api = free_port(), admin = free_port();
   std::vector<std::string> argv{bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
-                                "127.0.0.1:" + std::to_string(admin), "--metrics-interval", "0.2"};
+                                "127.0.0.1:" + std::to_string(admin), "--metrics-interval", "0"};  // load reports only
   for (int i = 0; i < 3; ++i) {
     argv.push_back("--worker");
     argv.push_back("http://127.0.0.1:" + std::to_string(sim + i) + ",kv_events=tcp://127.0.0.1:" +
@@ -229,6 +229,11 @@ TEST(PreciseE2E, NativeEventStreamKeepsRouterIndexExactAfterEvictingBurst) {
   double evictions = 0;
   for (int i = 0; i < 3; ++i) evictions += metric_sum(http(sim + i, "GET", "/metrics").body, "kvroute_sim:gpu_evictions_total");
   EXPECT_GT(evictions, 0.0);
+  // With /metrics polling off, the workers' telemetry came from the stream's LoadReports.
+  for (const auto& w : json::parse(http(admin, "GET", "/admin/workers").body).at("workers").as_array()) {
+    ASSERT_TRUE(w.as_object().contains("num_gpu_blocks")) << json::serialize(w);
+    EXPECT_EQ(w.at("num_gpu_blocks").to_number<int>(), 200);
+  }
 }
 
 }  // namespace

@@ -106,6 +106,21 @@ TEST(PrefixIndex, DropTierKeepsConfirmedEntries) {
   EXPECT_EQ(m.of(0), 2u);
 }
 
+TEST(PrefixIndex, ExpectedBlocksAreConfirmedByEventsOrDropped) {
+  PrefixIndex idx;
+  const auto a = chain(1, 6);
+  idx.store(0, std::span(a).first(2), Tier::kGpu);   // already held
+  idx.expect(0, a);                                  // the router just routed the whole chain here
+  PrefixIndex::Match m;
+  idx.match(a, m);
+  EXPECT_EQ(m.of(0), 6u);                            // a burst on this prefix sees it at once
+  idx.store(0, std::span(a).subspan(2, 2), Tier::kGpu);  // the worker's events confirm two more
+  EXPECT_EQ(idx.drop_unconfirmed(0, a), 2u);         // the last two never came
+  idx.match(a, m);
+  EXPECT_EQ(m.of(0), 4u);
+  for (const auto& [h, tier] : idx.worker_entries(0)) EXPECT_EQ(tier, Tier::kGpu);
+}
+
 TEST(PrefixIndex, DroppingAWorkerLeavesOthersIntact) {
   PrefixIndex idx;
   const auto a = chain(1, 8);
