@@ -230,7 +230,8 @@ TEST(PreciseE2E, NativeEventStreamKeepsRouterIndexExactAfterEvictingBurst) {
   for (int i = 0; i < 3; ++i) evictions += metric_sum(http(sim + i, "GET", "/metrics").body, "kvroute_sim:gpu_evictions_total");
   EXPECT_GT(evictions, 0.0);
   // With /metrics polling off, the workers' telemetry came from the stream's LoadReports.
-  for (const auto& w : json::parse(http(admin, "GET", "/admin/workers").body).at("workers").as_array()) {
+  const json::value workers = json::parse(http(admin, "GET", "/admin/workers").body);
+  for (const auto& w : workers.at("workers").as_array()) {
     ASSERT_TRUE(w.as_object().contains("num_gpu_blocks")) << json::serialize(w);
     EXPECT_EQ(w.at("num_gpu_blocks").to_number<int>(), 200);
   }
