@@ -80,7 +80,8 @@ std::string simulate_usage() {
          "  --threads N             policies simulated in parallel (default 2)\n"
          "  --json FILE             write results as JSON\n"
          "  --plots DIR             write SVG plots (TTFT CDF; with --sweep, hit rate and p99 TTFT vs load)\n"
-         "  --no-progress           no progress line on stderr\n";
+         "  --no-progress           no progress line on stderr\n"
+         "  --dump-requests DIR     debug: one CSV per policy run with every request's routing and latency\n";
 }
 
 Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
@@ -102,6 +103,7 @@ Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
     else if (a == "--policies") c.policies = split(v, ',');
     else if (a == "--json") c.json_path = v;
     else if (a == "--plots") c.plots_dir = v;
+    else if (a == "--dump-requests") c.sim.dump_dir = v;
     else if (a == "--mode") {
       auto m = parse_mode(v);
       if (!m) return m.error();

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <deque>
+#include <fstream>
 #include <limits>
 #include <unordered_map>
 
@@ -180,6 +182,7 @@ class FleetSim {
       while (engines_[e].next_event_time() < sim::kInfinity) engines_[e].advance(engines_[e].next_event_time(), sinks_[e]);
     }
     PolicyResult res = summarize();
+    if (!o_.dump_dir.empty()) dump();
     res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     return res;
   }
@@ -215,6 +218,9 @@ class FleetSim {
     double first_token = -1;
     double finish = -1;
     double queue_est = 0;
+    double estimate = 0;                 // the pick's TTFT estimate (debug dump)
+    std::uint64_t pending_at_dispatch = 0;  // worker's pending prefill tokens when routed (debug dump)
+    std::uint32_t in_flight_at_dispatch = 0;
     std::uint64_t decode_context = 0;
     std::uint64_t predicted_uncached = 0;
     std::uint32_t cached = 0;
@@ -406,6 +412,9 @@ class FleetSim {
     const std::uint64_t predicted_cached = uses_match_ ? ctx.matched_tokens(wi) : 0;
     f.predicted_uncached = r.prompt_tokens - std::min<std::uint64_t>(r.prompt_tokens, predicted_cached);
     f.queue_est = static_cast<double>(ws.pending_prefill) / std::max(views_[wi].prefill_tokens_per_s, 1.0);
+    f.estimate = pick ? pick->estimate_s : 0.0;
+    f.pending_at_dispatch = ws.pending_prefill;
+    f.in_flight_at_dispatch = ws.in_flight;
     if (r.session != 0) sessions_[r.session] = {wi, t};
 
     // 4. The observer's updates, then the request goes to the worker.
@@ -433,6 +442,23 @@ class FleetSim {
     ws.in_flight += 1;
     ws.pending_prefill += f.predicted_uncached;
     ws.routed += 1;
+  }
+
+  void dump() const {
+    char scale[32];
+    std::snprintf(scale, sizeof scale, "%g", o_.rate_scale);
+    std::ofstream out(o_.dump_dir + "/" + run_.label + "@" + scale + ".csv");
+    out << "id,arrival_s,prompt_tokens,output_tokens,worker,predicted_cached,cached,estimate_s,pending_tokens,"
+           "in_flight,ttft_s,e2e_s\n";
+    for (std::size_t i = 0; i < flights_.size(); ++i) {
+      const Flight& f = flights_[i];
+      const Request& r = w_.requests[i];
+      if (!f.submitted || f.finish < 0) continue;
+      out << i << ',' << f.arrival << ',' << r.prompt_tokens << ',' << r.output_tokens << ',' << f.worker << ','
+          << (r.prompt_tokens - f.predicted_uncached) << ',' << f.cached << ',' << f.estimate << ','
+          << f.pending_at_dispatch << ',' << f.in_flight_at_dispatch << ',' << (f.first_token - f.arrival) << ','
+          << (f.finish - f.arrival) << '\n';
+    }
   }
 
   PolicyResult summarize() {

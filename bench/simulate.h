@@ -57,6 +57,10 @@ struct SimOptions {
   double event_delay_s = 0.05;      // how late KV events reach the index (precise mode)
   double session_ttl_s = 600;       // idle time after which a session binding is dropped
   policy::PolicyOptions policy;
+  // Debug: when set, every run writes DIR/<label>@<rate_scale>.csv, one line per request (arrival, prompt and
+  // output tokens, worker, predicted and reported cached tokens, the pick's TTFT estimate, the worker's
+  // router-tracked pending prefill and in-flight count at dispatch, TTFT, end-to-end latency).
+  std::string dump_dir;
 };
 
 struct LatencyStats {

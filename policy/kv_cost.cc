@@ -5,7 +5,9 @@
 //   prefill  = prefill_seconds(m, g + c, P) + c / X   P prefill tokens/s at the reference context, X CPU->GPU
 //                                                      tokens/s; attention makes late tokens dearer (see
 //                                                      policy/rate_learner.h)
-//   queue    = pending prefill tokens / P             work admitted ahead of this request
+//   queue    = max(pending / P,                      work admitted ahead of this request: at the reference rate,
+//                  prefill_seconds(pending, 0, P))     or attention-weighted when so much is pending that a long
+//                                                      prompt must be among it (the view has no per-request sizes)
 //            + ceil((pending + m) / chunk) x step     each chunked-prefill step also runs the decode batch;
 //                                                      step = the worker's decode step at its current batch
 //   admit    = wait for admission: beyond the running-sequence cap, (requests over the cap) x out x step / cap
@@ -15,15 +17,21 @@
 //   evict    = blocks the request computes x share of the worker's capacity holding blocks that were hit
 //              again x recompute time of a block     (a warm cache evicts one block per block computed)
 //   dup      = 5 x prefill time of the tokens some other worker holds but this one would recompute
-//   delay    = prefill time of m when the worker is decoding (chunked prefill stretches its batch's steps)
-//            + 0.2 x out x step                      (this request's own decode time on that batch)
-//   cost     = TTFT + alpha x (evict + dup) + beta x delay
+//   delay    = 0.2 x out x step                       (this request's own decode time on the worker's batch)
+//   cost     = TTFT x (1 + TTFT / 5 s) + alpha x (evict + dup) + beta x delay
+//
+// The TTFT part of the cost is convex: a second of queueing costs 1 + 2 TTFT / 5 s, so a long prompt (whose
+// TTFT is seconds, and which sets the p99) goes where it starts soonest, while for short requests the cache
+// terms (evict, dup) still decide. This is a tail-aware objective, not a workload rule.
 //
 // What made the difference on the benchmark (docs/benchmarks.md): pricing admission (running cap and full
 // KV pool) and the batch-dependent decode step, so sessions and long chats are not stacked on a worker
 // whose TTFT looks fine until its pool fills; the duplicate term, so a conversation is not moved off the
-// worker holding its context for a small queueing gain (that kept the hit rate at the capacity bound); and
-// attention-aware prefill times, so long prompts are priced at what they cost.
+// worker holding its context for a small queueing gain; attention-aware prefill times, also for the queue
+// (a request holding a prefix no longer waits 14 s behind a 190K prompt the estimate priced at 4 s); the
+// convex TTFT cost; and dropping the old "stall of the worker's decode batch" term (beta x prefill time of m
+// on any decoding worker), a cliff of several seconds between an idle and a busy worker that sent long
+// prompts to idle-decode workers with long prefill queues.
 //
 // P, X and the step time come from the WorkerView: learned online from completed requests by
 // policy::RateLearner, starting from the worker's profile. Blocks a worker evicted are not in the index, so
@@ -55,6 +63,8 @@ constexpr double kDuplicateWeight = 5.0;
 // Weight, within `delay`, of the request's own decode time on the worker's batch. Small: it only has to
 // break the tie between workers whose TTFTs look alike but whose batches (and so every later token) differ.
 constexpr double kDecodeWeight = 0.2;
+// Scale of the convex TTFT cost (Terms::cost): at a TTFT of kTailSeconds a second more counts three times.
+constexpr double kTailSeconds = 5.0;
 
 class KvCost final : public RoutingPolicy {
  public:
@@ -64,7 +74,12 @@ class KvCost final : public RoutingPolicy {
 
   struct Terms {
     double ttft = 0, evict = 0, dup = 0, delay = 0;
-    double cost(const PolicyOptions& o) const { return ttft + o.alpha * (evict + dup) + o.beta * delay; }
+    // Convex in TTFT (ttft x (1 + ttft / kTailSeconds)): a second of queueing costs more the longer the request
+    // already takes, so long prompts, which set the p99, go where they start soonest, while for short requests
+    // the cache terms still decide.
+    double cost(const PolicyOptions& o) const {
+      return ttft * (1.0 + ttft / kTailSeconds) + o.alpha * (evict + dup) + o.beta * delay;
+    }
   };
 
   // `most_matched`: the longest match any healthy worker has for this request (for the duplicate term).
@@ -85,7 +100,9 @@ class KvCost final : public RoutingPolicy {
 
     const double prefill = prefill_seconds(m, T - m, P) + c / X;
     const double steps = std::ceil((pending + m) / kChunkTokens);
-    const double queue = pending / P + (decoding ? steps * step : 0.0);
+    // Pending prefill at the reference rate, or, when there is so much of it that a long prompt must be among
+    // it, at that prompt's attention-weighted cost (a queued 190K prompt takes 24 s, not 190K / P = 7 s).
+    const double queue = std::max(pending / P, prefill_seconds(pending, 0.0, P)) + (decoding ? steps * step : 0.0);
     double admit = 0.0;
     const double cap = static_cast<double>(std::max<std::uint32_t>(w.max_running, 1));
     const double excess = static_cast<double>(w.in_flight) + 1.0 - cap;
@@ -101,7 +118,7 @@ class KvCost final : public RoutingPolicy {
       t.evict = std::ceil(m / tpb) * reuse * tpb / P;
     }
     if (most_matched > matched) t.dup = kDuplicateWeight * prefill_seconds(most_matched - matched, matched, P);
-    t.delay = (decoding ? prefill_seconds(m, T - m, P) : 0.0) + kDecodeWeight * out * step;
+    t.delay = kDecodeWeight * out * step;
     return t;
   }
 

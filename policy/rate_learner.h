@@ -9,7 +9,8 @@
 // base_w (front end, scheduling, the first step's overhead) is an exponential moving average of
 // ttft - queue_s over requests with little to compute; P_w is an EMA of the rate that makes
 // prefill_seconds(uncached, cached, P_w) = ttft - queue_s - base_w, over requests with at least
-// min_uncached_tokens to compute (so P_w stays quoted at the reference context whatever the prompt sizes). Samples are clamped to [1/4, 4] x the prior,
+// min_uncached_tokens to compute and at most max_queue_for_prefill_s queued ahead (the queue estimate counts
+// the request at its head in full although it is partly done, which made P look ~30 % too fast at load) (so P_w stays quoted at the reference context whatever the prompt sizes). Samples are clamped to [1/4, 4] x the prior,
 // so one request stuck behind an unmodelled burst cannot swing the rate. The decode step is modelled as
 // step(batch) = decode_step_s + decode_step_per_token_s x batch context tokens (memory-bound decode reads the
 // weights and every running sequence's KV), and an EMA of observed ITL / step(batch) corrects it. X_w keeps its prior unless requests that were mostly loaded from the CPU
@@ -78,6 +79,9 @@ struct RateLearnerOptions {
   double alpha = 0.05;                    // EMA weight of a new sample
   std::uint64_t min_uncached_tokens = 1024;  // below this a TTFT says more about overheads than about P
   double clamp = 4.0;                     // samples are kept within [prior / clamp, prior x clamp]
+  // P is learned only from requests the router believed had at most this much prefill queued ahead (see
+  // observe()); longer queues are overestimated (the request at their head is partly done).
+  double max_queue_for_prefill_s = 0.05;
 };
 
 class RateLearner {

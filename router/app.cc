@@ -54,7 +54,10 @@ Result<bool> App::start() {
   }
   tokenize_cache_ = std::make_unique<TokenizeCache>(config_.tokenize_cache_entries);
   for (const auto& pool : pools_) {
-    services_.push_back(std::make_unique<Services>(Services{config_, registry_, *router_, *pool, metrics_, *tokenize_cache_}));
+    services_.push_back(std::make_unique<Services>(Services{config_, registry_, *router_, *pool, metrics_, *tokenize_cache_,
+                                                            [this](hashing::WorkerId id, boost::json::object& o) {
+                                                              describe_events(id, o);
+                                                            }}));
   }
 
   auto api_ep = resolve_listen(config_.listen);
@@ -160,6 +163,26 @@ void App::subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint&
   }
   LOG_INFO("worker " << ep.name << ": subscribed to KV events at " << ep.kv_events_endpoint << " (model " << model << ")");
   subscribers_[id] = std::move(sub);
+}
+
+void App::describe_events(hashing::WorkerId id, boost::json::object& o) {
+  std::lock_guard lock(events_mu_);
+  auto it = subscribers_.find(id);
+  if (it == subscribers_.end()) return;
+  const events::SubscriberStatus st = it->second->status();
+  boost::json::object e;
+  e["live"] = st.live;
+  e["connected"] = st.connected;
+  e["messages"] = st.messages;
+  e["events_applied"] = st.events_applied;
+  e["malformed_frames"] = st.malformed_frames;
+  e["gaps"] = st.gaps;
+  e["replays"] = st.replays;
+  e["replay_failures"] = st.replay_failures;
+  e["restarts"] = st.restarts;
+  e["resets"] = st.resets;
+  if (!st.last_error.empty()) e["last_error"] = st.last_error;
+  o["kv_events"] = std::move(e);
 }
 
 void App::on_telemetry(const backends::Worker& w, const backends::WorkerTelemetry& t) {

@@ -48,6 +48,7 @@ class App {
   void start_events(const backends::Worker& worker);
   void subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint& ep, const std::string& model);
   void on_stream_liveness(hashing::WorkerId id, bool live, std::string_view reason);
+  void describe_events(hashing::WorkerId id, boost::json::object& out);
   // A worker's load report (polled /metrics, or a native LoadReport event): KV capacity and usage.
   void on_telemetry(const backends::Worker& w, const backends::WorkerTelemetry& t);
 

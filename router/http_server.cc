@@ -629,6 +629,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
         o["prefill_tokens_per_s"] = rates.prefill_tokens_per_s;
         o["decode_step_s"] = rates.decode_step_s * rates.decode_correction;
         o["rate_samples"] = rates.prefill_samples;
+        if (svc_.describe_events) svc_.describe_events(w->id(), o);
         if (t.valid) {
           o["running"] = t.running;
           o["waiting"] = t.waiting;

@@ -11,7 +11,10 @@
 //   api->run();
 #pragma once
 
+#include <functional>
 #include <memory>
+
+#include <boost/json/object.hpp>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -32,6 +35,8 @@ struct Services {
   backends::UpstreamPool& pool;
   RouterMetrics& metrics;
   TokenizeCache& tokenize_cache;
+  // Adds a worker's KV event stream status to its /admin/workers entry (no-op without a stream).
+  std::function<void(hashing::WorkerId, boost::json::object&)> describe_events;
 };
 
 class Listener : public std::enable_shared_from_this<Listener> {

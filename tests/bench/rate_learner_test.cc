@@ -40,7 +40,10 @@ TEST(RateLearner, ConvergesToTheObservedPrefillRate) {
   const WorkerRates r = l.rates(0);
   EXPECT_NEAR(r.prefill_tokens_per_s, 15000, 300);
   EXPECT_NEAR(r.decode_correction * r.decode_step_s, 0.03, 1e-3);
-  EXPECT_GT(r.prefill_samples, 300u);
+  // Only the third of the samples with nothing queued ahead teach P (the router's queue estimate overstates
+  // the wait: the request at the head of the queue is partly computed).
+  EXPECT_GT(r.prefill_samples, 120u);
+  EXPECT_LT(r.prefill_samples, 140u);
 }
 
 TEST(RateLearner, DecodeStepGrowsWithTheBatch) {
