@@ -82,39 +82,6 @@ Result<std::pair<std::string, std::string>> parse_target(const std::string& t) {
   return std::make_pair(host, port);
 }
 
-double percentile(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0.0;
-  const double pos = q * static_cast<double>(sorted.size() - 1);
-  const auto lo = static_cast<std::size_t>(std::floor(pos));
-  const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
-  return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
-}
-
-// Same percentile convention as the simulator's report (linear interpolation), so the columns compare.
-LatencyStats stats_of(std::vector<double> v) {
-  LatencyStats s;
-  std::sort(v.begin(), v.end());
-  s.count = v.size();
-  if (v.empty()) return s;
-  double sum = 0;
-  for (double x : v) sum += x;
-  s.mean = sum / static_cast<double>(v.size());
-  s.p50 = percentile(v, 0.50);
-  s.p90 = percentile(v, 0.90);
-  s.p99 = percentile(v, 0.99);
-  return s;
-}
-
-double cov(const std::vector<double>& v) {
-  if (v.empty()) return 0.0;
-  double mean = 0;
-  for (double x : v) mean += x;
-  mean /= static_cast<double>(v.size());
-  if (mean <= 0) return 0.0;
-  double var = 0;
-  for (double x : v) var += (x - mean) * (x - mean);
-  return std::sqrt(var / static_cast<double>(v.size())) / mean;
-}
 
 std::uint32_t json_u32(const boost::json::object& o, const char* key) {
   const auto* v = o.if_contains(key);
@@ -716,7 +683,7 @@ PolicyResult summarize_replay(const ReplayRun& run, const std::string& label) {
   res.output_tok_s = last > first ? static_cast<double>(out) / (last - first) : 0.0;
   std::vector<double> per_worker;
   for (const auto& [w, n] : run.per_worker) per_worker.push_back(static_cast<double>(n));
-  res.load_cov = res.requests_cov = cov(per_worker);
+  res.load_cov = res.requests_cov = coefficient_of_variation(per_worker);
   std::sort(ttft.begin(), ttft.end());
   res.ttfts = std::move(ttft);
   return res;

@@ -87,6 +87,8 @@ policy::WorkerRates prior_rates(const sim::Engine& e) {
   return r;
 }
 
+}  // namespace
+
 double percentile(const std::vector<double>& sorted, double q) {
   if (sorted.empty()) return 0.0;
   const double pos = q * static_cast<double>(sorted.size() - 1);
@@ -109,7 +111,7 @@ LatencyStats stats_of(std::vector<double> v) {
   return s;
 }
 
-double cov(const std::vector<double>& v) {
+double coefficient_of_variation(const std::vector<double>& v) {
   if (v.empty()) return 0.0;
   double mean = 0;
   for (double x : v) mean += x;
@@ -119,6 +121,8 @@ double cov(const std::vector<double>& v) {
   for (double x : v) var += (x - mean) * (x - mean);
   return std::sqrt(var / static_cast<double>(v.size())) / mean;
 }
+
+namespace {
 
 std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
   std::uint64_t z = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
@@ -505,8 +509,8 @@ class FleetSim {
       res.evicted_blocks += s.gpu_evictions + s.cpu_evictions;
       res.preemptions += s.preemptions;
     }
-    res.load_cov = cov(busy);
-    res.requests_cov = cov(routed);
+    res.load_cov = coefficient_of_variation(busy);
+    res.requests_cov = coefficient_of_variation(routed);
     std::vector<double> d(decision_us_.begin(), decision_us_.end());
     std::sort(d.begin(), d.end());
     res.decision_us_p50 = percentile(d, 0.5);

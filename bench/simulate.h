@@ -68,6 +68,12 @@ struct LatencyStats {
   std::size_t count = 0;
 };
 
+// Statistics shared by the simulator and the replayer, so their columns compare: percentiles interpolate
+// linearly between the nearest ranks of the sorted samples.
+double percentile(const std::vector<double>& sorted, double q);
+LatencyStats stats_of(std::vector<double> samples);
+double coefficient_of_variation(const std::vector<double>& v);  // 0 for an empty or all-zero sample
+
 struct PolicyResult {
   std::string name;  // label
   IndexMode mode = IndexMode::kNone;

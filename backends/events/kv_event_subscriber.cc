@@ -97,6 +97,7 @@ struct KvEventSubscriber::RankState {
   std::int64_t last = -1;      // seq of the last batch applied
   std::int64_t dup_floor = kNoFloor;  // seqs in [dup_floor, last] were applied by a replay: duplicates
   bool native = false;         // payload encoding, from the topic of the latest live message
+  bool topic_seen = false;     // a live message has told the encoding (replays at connect come before one)
 };
 
 KvEventSubscriber::KvEventSubscriber(hashing::PrefixIndex& index, SubscriberOptions options)
@@ -356,7 +357,10 @@ void KvEventSubscriber::update_liveness() {
 void KvEventSubscriber::on_message(std::uint32_t r, std::string_view topic, std::int64_t seq,
                                    std::span<const std::uint8_t> payload) {
   RankState& s = *ranks_[r];
-  if (opt_.encoding == PayloadEncoding::kAuto) s.native = topic.starts_with(kNativeTopicPrefix);
+  if (opt_.encoding == PayloadEncoding::kAuto) {
+    s.native = topic.starts_with(kNativeTopicPrefix);
+    s.topic_seen = true;
+  }
   if (seq < 0) {
     counters_.malformed.fetch_add(1, std::memory_order_relaxed);
     note_error("KV events: negative sequence number on the live stream");
@@ -419,9 +423,18 @@ void KvEventSubscriber::apply_in_order(std::uint32_t r, std::string_view topic, 
 
 void KvEventSubscriber::decode_and_apply(std::uint32_t r, std::string_view topic, std::span<const std::uint8_t> payload) {
   (void)topic;
+  RankState& s = *ranks_[r];
+  bool native = s.native;
+  if (opt_.encoding == PayloadEncoding::kAuto && !s.topic_seen && !payload.empty()) {
+    // The replay read at first contact comes before any live message (and replayed frames carry no topic):
+    // tell the encoding by the payload. A vLLM batch is a msgpack array or map; a protobuf EventBatch starts
+    // with a field tag of one of its low-numbered fields, which msgpack would read as a positive integer.
+    const std::uint8_t b = payload.front();
+    native = !((b >= 0x80 && b <= 0x9f) || (b >= 0xdc && b <= 0xdf));
+  }
   std::optional<WorkerTelemetry> load;
-  Result<Decoded> st = ranks_[r]->native ? native_.decode(payload, opt_.limits, batch_, load)
-                                         : decode_vllm_batch(payload, opt_.limits, batch_);
+  Result<Decoded> st = native ? native_.decode(payload, opt_.limits, batch_, load)
+                              : decode_vllm_batch(payload, opt_.limits, batch_);
   if (!st) {
     counters_.malformed.fetch_add(1, std::memory_order_relaxed);
     note_error(st.error().message);

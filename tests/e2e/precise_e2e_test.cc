@@ -43,13 +43,14 @@ struct Truth {
 // Three workers with small KV pools (so the burst evicts), kvroute in front, with or without KV events.
 class PreciseFleet {
  public:
-  explicit PreciseFleet(bool events) {
+  // `format` is kvroute-sim's --kv-events-format (vllm or native); router_args are appended to kvroute's.
+  explicit PreciseFleet(bool events, const std::string& format = "vllm", std::vector<std::string> router_args = {}) {
     sim_ = free_ports(3);
     ev_ = free_ports(3);
     replay_ = free_ports(3);
     sim_proc_ = Process::start({bin("kvroute-sim"), "--port", std::to_string(sim_), "--workers", "3", "--speed", "20",
                                 "--num-gpu-blocks", "200", "--kv-events-port", std::to_string(ev_),
-                                "--kv-events-replay-port", std::to_string(replay_)},
+                                "--kv-events-replay-port", std::to_string(replay_), "--kv-events-format", format},
                                testing::TempDir() + "/kvroute-precise-sim.log");
     for (int i = 0; i < 3; ++i) EXPECT_TRUE(wait_http(sim_ + i, "/health", 10s));
     api_ = free_port();
@@ -65,6 +66,7 @@ class PreciseFleet {
       argv.push_back("--worker");
       argv.push_back(w);
     }
+    argv.insert(argv.end(), router_args.begin(), router_args.end());
     router_ = Process::start(argv, testing::TempDir() + "/kvroute-precise-router.log");
     EXPECT_TRUE(wait_http(api_, "/health", 10s));
   }
@@ -84,6 +86,34 @@ class PreciseFleet {
       auto r = http(api_, "POST", "/v1/completions", json::serialize(body));
       ASSERT_EQ(r.status, 200) << r.body << r.error;
     }
+  }
+
+  // Waits until every worker's event stream is live.
+  void wait_live() const {
+    for (int i = 0; i < 3; ++i) {
+      bool live = false;
+      for (int k = 0; k < 100 && !live; ++k) {
+        auto w = json::parse(http(admin_, "GET", "/admin/workers/" + std::to_string(i) + "/blocks").body);
+        live = w.at("mode").as_string() == "precise";
+        if (!live) std::this_thread::sleep_for(50ms);
+      }
+      ASSERT_TRUE(live) << "worker " << i;
+    }
+  }
+
+  // Checks that the router's entries for every worker equal the blocks the worker reports holding; returns
+  // how many GPU blocks the workers hold in all.
+  std::size_t expect_index_equals_workers() const {
+    std::size_t total = 0;
+    for (int i = 0; i < 3; ++i) {
+      auto truth = json::parse(http(sim_ + i, "GET", "/debug/kv_blocks").body);
+      auto view = json::parse(
+          http(admin_, "GET", "/admin/workers/127.0.0.1:" + std::to_string(sim_ + i) + "/blocks").body);
+      EXPECT_EQ(view.at("mode").as_string(), "precise") << "worker " << i;
+      EXPECT_EQ(strings(view, {"gpu", "cpu", "predicted"}), strings(truth, {"gpu", "cpu"})) << "worker " << i;
+      total += strings(truth, {"gpu"}).size();
+    }
+    return total;
   }
 
   Truth truth() const {
@@ -107,26 +137,10 @@ class PreciseFleet {
 
 TEST(PreciseE2E, RouterIndexEqualsWhatWorkersHoldAfterEvictingBurst) {
   PreciseFleet fleet(/*events=*/true);
-  // Wait for every stream to go live.
-  for (int i = 0; i < 3; ++i) {
-    bool live = false;
-    for (int k = 0; k < 100 && !live; ++k) {
-      auto w = json::parse(http(fleet.admin(), "GET", "/admin/workers/" + std::to_string(i) + "/blocks").body);
-      live = w.at("mode").as_string() == "precise";
-      if (!live) std::this_thread::sleep_for(50ms);
-    }
-    ASSERT_TRUE(live) << "worker " << i;
-  }
+  fleet.wait_live();
   fleet.burst(150);
   std::this_thread::sleep_for(500ms);  // let the last events arrive
-  std::size_t total = 0;
-  for (int i = 0; i < 3; ++i) {
-    auto truth = json::parse(http(fleet.sim(i), "GET", "/debug/kv_blocks").body);
-    auto view = json::parse(http(fleet.admin(), "GET", "/admin/workers/127.0.0.1:" + std::to_string(fleet.sim(i)) + "/blocks").body);
-    EXPECT_EQ(strings(view, {"gpu", "cpu", "predicted"}), strings(truth, {"gpu", "cpu"})) << "worker " << i;
-    total += strings(truth, {"gpu"}).size();
-  }
-  EXPECT_GT(total, 300u);  // the pools were full: eviction happened
+  EXPECT_GT(fleet.expect_index_equals_workers(), 300u);  // the pools were full: eviction happened
   const Truth t = fleet.truth();
   std::printf("precise mode: recall %.4f, false %.4f, hit rate %.3f\n", t.recall, t.false_rate, t.hit_rate);
   EXPECT_GE(t.recall, 0.98);
@@ -176,64 +190,22 @@ TEST(PreciseE2E, ApproximateModeTruthForComparison) {
 // kvroute.v1.EventBatch payloads under the "kvroute.v1" topic, and the router, subscribed to every topic,
 // picks the native decoder by that prefix. After an evicting burst its entries equal what every worker holds.
 TEST(PreciseE2E, NativeEventStreamKeepsRouterIndexExactAfterEvictingBurst) {
-  const int sim = free_ports(3), ev = free_ports(3), replay = free_ports(3);
-  Process sim_proc = Process::start(
-      {bin("kvroute-sim"), "--port", std::to_string(sim), "--workers", "3", "--speed", "20", "--num-gpu-blocks", "200",
-       "--kv-events-port", std::to_string(ev), "--kv-events-replay-port", std::to_string(replay),
-       "--kv-events-format", "native"},
-      testing::TempDir() + "/kvroute-precise-native-sim.log");
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(wait_http(sim + i, "/health", 10s));
-  const int api = free_port(), admin = free_port();
-  std::vector<std::string> argv{bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
-                                "127.0.0.1:" + std::to_string(admin), "--metrics-interval", "0"};  // load reports only
-  for (int i = 0; i < 3; ++i) {
-    argv.push_back("--worker");
-    argv.push_back("http://127.0.0.1:" + std::to_string(sim + i) + ",kv_events=tcp://127.0.0.1:" +
-                   std::to_string(ev + i) + ",replay=tcp://127.0.0.1:" + std::to_string(replay + i));
-  }
-  Process router = Process::start(argv, testing::TempDir() + "/kvroute-precise-native-router.log");
-  ASSERT_TRUE(wait_http(api, "/health", 10s));
-  for (int i = 0; i < 3; ++i) {
-    bool live = false;
-    for (int k = 0; k < 100 && !live; ++k) {
-      auto w = json::parse(http(admin, "GET", "/admin/workers/" + std::to_string(i) + "/blocks").body);
-      live = w.at("mode").as_string() == "precise";
-      if (!live) std::this_thread::sleep_for(50ms);
-    }
-    ASSERT_TRUE(live) << "worker " << i;
-  }
-  // The burst of PreciseFleet::burst: 24 shared 448-token prefixes with distinct tails, far more blocks than
-  // three 200-block pools hold.
-  std::mt19937_64 rng(42);
-  for (int i = 0; i < 150; ++i) {
-    const int prefix = static_cast<int>(rng() % 24);
-    json::array prompt;
-    std::mt19937_64 prng(1000 + prefix);
-    for (int t = 0; t < 448; ++t) prompt.push_back(static_cast<std::int64_t>(1000 + prng() % 50000));
-    const int tail = 16 + static_cast<int>(rng() % 64);
-    for (int t = 0; t < tail; ++t) prompt.push_back(static_cast<std::int64_t>(60000 + rng() % 1000));
-    json::object body{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}};
-    auto r = http(api, "POST", "/v1/completions", json::serialize(body));
-    ASSERT_EQ(r.status, 200) << r.body << r.error;
-  }
+  PreciseFleet fleet(/*events=*/true, "native", {"--metrics-interval", "0"});  // telemetry from load reports only
+  fleet.wait_live();
+  fleet.burst(150);
   std::this_thread::sleep_for(500ms);  // let the last events arrive
-  std::size_t total = 0;
-  for (int i = 0; i < 3; ++i) {
-    auto truth = json::parse(http(sim + i, "GET", "/debug/kv_blocks").body);
-    auto view = json::parse(http(admin, "GET", "/admin/workers/127.0.0.1:" + std::to_string(sim + i) + "/blocks").body);
-    EXPECT_EQ(view.at("mode").as_string(), "precise") << "worker " << i;
-    EXPECT_EQ(strings(view, {"gpu", "cpu", "predicted"}), strings(truth, {"gpu", "cpu"})) << "worker " << i;
-    total += strings(truth, {"gpu"}).size();
-  }
-  EXPECT_GT(total, 300u);  // the pools were full: eviction happened
+  EXPECT_GT(fleet.expect_index_equals_workers(), 300u);  // the pools were full: eviction happened
   double evictions = 0;
-  for (int i = 0; i < 3; ++i) evictions += metric_sum(http(sim + i, "GET", "/metrics").body, "kvroute_sim:gpu_evictions_total");
+  for (int i = 0; i < 3; ++i) {
+    evictions += metric_sum(http(fleet.sim(i), "GET", "/metrics").body, "kvroute_sim:gpu_evictions_total");
+  }
   EXPECT_GT(evictions, 0.0);
   // With /metrics polling off, the workers' telemetry came from the stream's LoadReports.
-  const json::value workers = json::parse(http(admin, "GET", "/admin/workers").body);
+  const json::value workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
   for (const auto& w : workers.at("workers").as_array()) {
     ASSERT_TRUE(w.as_object().contains("num_gpu_blocks")) << json::serialize(w);
     EXPECT_EQ(w.at("num_gpu_blocks").to_number<int>(), 200);
+    EXPECT_EQ(w.at("kv_events").at("malformed_frames").to_number<int>(), 0);
   }
 }
 
