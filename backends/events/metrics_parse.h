@@ -4,7 +4,7 @@
 // Format: https://prometheus.io/docs/instrumenting/exposition_formats/ ("Text-based format"): one sample per
 // line, `name{label="value",...} value [timestamp]`; lines starting with '#' are HELP/TYPE/comments; label
 // values escape '\\', '"' and '\n'; values may be NaN, +Inf, -Inf. OpenMetrics' "# EOF" is accepted too.
-// Parsing is pure (the lead's poller does the HTTP). A malformed line is skipped and counted, never fatal.
+// Parsing is pure (backends/telemetry_poller.cc does the HTTP). A malformed line is skipped and counted, never fatal.
 //
 //   ParsedMetrics m = parse_prometheus_text(body);
 //   WorkerTelemetry t = extract_telemetry(m);
