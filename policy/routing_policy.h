@@ -89,8 +89,8 @@ class RoutingPolicy {
 
 struct PolicyOptions {
   // kv_cost weights (architecture section 7).
-  double alpha = 1.0;   // weight of the expected recompute cost of blocks a request would evict
-  double beta = 0.5;    // weight of the delay added to the worker's running requests
+  double alpha = 1.0;   // weight of the recompute cost the request causes (evicted reused blocks, duplicates)
+  double beta = 0.5;    // weight of the request's own decode time on the worker's current batch
   // Session affinity: keep a bound worker unless its estimate exceeds the best by more than this.
   double session_margin_s = 0.5;
   // cache_aware (SGLang router defaults).

@@ -165,8 +165,9 @@ const std::vector<Option>& options() {
        INT_OPT(std::uint64_t, worker_kv_blocks, 0, 1ull << 40)},
       {"prefill-tokens-per-s", "N", "prefill rate assumed before it is learned (default 20000)",
        DOUBLE_OPT(prefill_tokens_per_s, 1, 1e9)},
-      {"kv-cost-alpha", "X", "kv_cost weight of evicting reused blocks (default 1)", DOUBLE_OPT(kv_cost_alpha, 0, 1e6)},
-      {"kv-cost-beta", "X", "kv_cost weight of the delay added to running requests (default 0.5)",
+      {"kv-cost-alpha", "X", "kv_cost weight of the recompute a request causes: evicted reused blocks, prefixes "
+       "duplicated from another worker (default 1)", DOUBLE_OPT(kv_cost_alpha, 0, 1e6)},
+      {"kv-cost-beta", "X", "kv_cost weight of the request's decode time on the worker's batch (default 0.5)",
        DOUBLE_OPT(kv_cost_beta, 0, 1e6)},
       {"log-level", "LEVEL", "error, warn, info or debug (default info)",
        [](Config& c, const std::string& v) -> std::optional<std::string> {
