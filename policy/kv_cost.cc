@@ -18,11 +18,14 @@
 //              again x recompute time of a block     (a warm cache evicts one block per block computed)
 //   dup      = 5 x prefill time of the tokens some other worker holds but this one would recompute
 //   delay    = 0.2 x out x step                       (this request's own decode time on the worker's batch)
-//   cost     = TTFT x (1 + TTFT / 5 s) + alpha x (evict + dup) + beta x delay
+//   cost     = TTFT x (1 + TTFT / 5 s) + alpha x (evict + dup x (1 + 4 TTFT / 5 s)) + beta x delay
 //
 // The TTFT part of the cost is convex: a second of queueing costs 1 + 2 TTFT / 5 s, so a long prompt (whose
 // TTFT is seconds, and which sets the p99) goes where it starts soonest, while for short requests the cache
-// terms (evict, dup) still decide. This is a tail-aware objective, not a workload rule.
+// terms (evict, dup) still decide. This is a tail-aware objective, not a workload rule. The duplicate term
+// grows with the TTFT the request would have on the worker too (kDuplicateTailWeight): without that, the
+// convex TTFT cost moved long prompts off a busy worker holding part of their prefix for small gains, and
+// the copies they made evicted other prefixes (conversation trace at 1x the knee: hit rate 12.7 % -> 13.2 %).
 //
 // What made the difference on the benchmark (docs/benchmarks.md): pricing admission (running cap and full
 // KV pool) and the batch-dependent decode step, so sessions and long chats are not stacked on a worker
@@ -60,6 +63,12 @@ constexpr double kFullKvUsage = 0.9;
 // capacity bound); 10 stops hot short prefixes (system prompts) from being replicated when their holders are
 // busy, which stacks chat sessions on a few workers.
 constexpr double kDuplicateWeight = 5.0;
+// The duplicate term is multiplied by 1 + kDuplicateTailWeight x TTFT / kTailSeconds (TTFT on the worker
+// priced), so leaving a prefix's holder costs more the longer the request takes: it weighs as the convex TTFT
+// cost does, and a long prompt is moved off its prefix only for a proportionally larger gain. 4, tuned on the
+// benchmark (2: conversation hit rate at 1x the knee 13.1 %; 28 and more: 13.2-13.6 % at 1.25x but a
+// worse p99 at 0.75x than block_cost, where long prompts should go where they start soonest).
+constexpr double kDuplicateTailWeight = 4.0;
 // Weight, within `delay`, of the request's own decode time on the worker's batch. Small: it only has to
 // break the tie between workers whose TTFTs look alike but whose batches (and so every later token) differ.
 constexpr double kDecodeWeight = 0.2;
@@ -76,9 +85,10 @@ class KvCost final : public RoutingPolicy {
     double ttft = 0, evict = 0, dup = 0, delay = 0;
     // Convex in TTFT (ttft x (1 + ttft / kTailSeconds)): a second of queueing costs more the longer the request
     // already takes, so long prompts, which set the p99, go where they start soonest, while for short requests
-    // the cache terms still decide.
+    // the cache terms still decide. The duplicate term scales with TTFT as well (kDuplicateTailWeight).
     double cost(const PolicyOptions& o) const {
-      return ttft * (1.0 + ttft / kTailSeconds) + o.alpha * (evict + dup) + o.beta * delay;
+      return ttft * (1.0 + ttft / kTailSeconds) +
+             o.alpha * (evict + dup * (1.0 + kDuplicateTailWeight * ttft / kTailSeconds)) + o.beta * delay;
     }
   };
 
