@@ -730,12 +730,7 @@ std::string verbose_line(const ReplayRecord& r) {
 
 int run_replay_command(const std::vector<std::string>& args) {
   auto opts = parse_replay_args(args);
-  if (!opts) {
-    const bool help = opts.error().message.rfind("usage:", 0) == 0;
-    (help ? std::cout : std::cerr) << (help ? "" : "kvroute-bench replay: ") << opts.error().message
-                                   << (help ? "" : "\n");
-    return help ? 0 : 2;
-  }
+  if (!opts) return report_args_error("kvroute-bench replay", opts.error());
   auto workload = load_replay_workload(*opts);
   if (!workload) {
     std::cerr << "kvroute-bench replay: " << workload.error().message << "\n";

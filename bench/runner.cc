@@ -284,14 +284,18 @@ Result<RunReport> run_policies(const Workload& workload, const BenchConfig& conf
   return rep;
 }
 
+int report_args_error(std::string_view command, const Error& error) {
+  if (error.message.rfind("usage:", 0) == 0) {
+    std::cout << error.message;
+    return 0;
+  }
+  std::cerr << command << ": " << error.message << "\n";
+  return 2;
+}
+
 int run_simulate_command(const std::vector<std::string>& args) {
   auto config = parse_simulate_args(args);
-  if (!config) {
-    const bool help = config.error().message.rfind("usage:", 0) == 0;
-    (help ? std::cout : std::cerr) << (help ? "" : "kvroute-bench simulate: ") << config.error().message
-                                   << (help ? "" : "\n");
-    return help ? 0 : 2;
-  }
+  if (!config) return report_args_error("kvroute-bench simulate", config.error());
   auto workload = load_workload(*config);
   if (!workload) {
     std::cerr << "kvroute-bench simulate: " << workload.error().message << "\n";

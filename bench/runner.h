@@ -67,4 +67,8 @@ Result<Bounds> compute_bounds(const Workload& workload, const SimOptions& option
 // stderr.
 int run_simulate_command(const std::vector<std::string>& args);
 
+// What a subcommand does with its argument parser's error: a "usage: ..." text (from --help) goes to stdout
+// with exit code 0, anything else to stderr, prefixed with the command, with exit code 2.
+int report_args_error(std::string_view command, const Error& error);
+
 }  // namespace kvroute::bench

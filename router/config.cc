@@ -106,12 +106,10 @@ const std::vector<Option>& options() {
        true},
       {"policy", "NAME", "routing policy (default kv_cost); one of the names listed below",
        [](Config& c, const std::string& v) -> std::optional<std::string> {
-         for (const auto& n : policy::policy_names()) {
-           if (n == v) { c.policy = v; return std::nullopt; }
-         }
-         std::string valid;
-         for (const auto& n : policy::policy_names()) valid += (valid.empty() ? "" : ", ") + n;
-         return "unknown policy '" + v + "' (valid: " + valid + ")";
+         auto p = policy::make_policy(v, policy::PolicyOptions{});  // its error lists the valid names
+         if (!p) return p.error().message;
+         c.policy = v;
+         return std::nullopt;
        }},
       {"threads", "N", "I/O threads (default 0: one per core)", INT_OPT(int, threads, 0, 256)},
       {"max-body-bytes", "N", "largest request body accepted (default 8388608); larger gets 413",
