@@ -225,6 +225,8 @@ class FleetSim {
     double estimate = 0;                 // the pick's TTFT estimate (debug dump)
     std::uint64_t pending_at_dispatch = 0;  // worker's pending prefill tokens when routed (debug dump)
     std::uint32_t in_flight_at_dispatch = 0;
+    std::uint64_t best_matched = 0;      // longest match any worker had (debug dump)
+    int bound = -1;                      // the session's bound worker, -1 if none (debug dump)
     std::uint64_t decode_context = 0;
     std::uint64_t predicted_uncached = 0;
     std::uint32_t cached = 0;
@@ -419,6 +421,9 @@ class FleetSim {
     f.estimate = pick ? pick->estimate_s : 0.0;
     f.pending_at_dispatch = ws.pending_prefill;
     f.in_flight_at_dispatch = ws.in_flight;
+    if (uses_match_ && !o_.dump_dir.empty())
+      for (std::size_t i = 0; i < views_.size(); ++i) f.best_matched = std::max(f.best_matched, ctx.matched_tokens(i));
+    f.bound = preferred ? static_cast<int>(*preferred) : -1;
     if (r.session != 0) sessions_[r.session] = {wi, t};
 
     // 4. The observer's updates, then the request goes to the worker.
@@ -453,7 +458,7 @@ class FleetSim {
     std::snprintf(scale, sizeof scale, "%g", o_.rate_scale);
     std::ofstream out(o_.dump_dir + "/" + run_.label + "@" + scale + ".csv");
     out << "id,arrival_s,prompt_tokens,output_tokens,worker,predicted_cached,cached,estimate_s,pending_tokens,"
-           "in_flight,ttft_s,e2e_s\n";
+           "in_flight,ttft_s,e2e_s,best_matched,bound\n";
     for (std::size_t i = 0; i < flights_.size(); ++i) {
       const Flight& f = flights_[i];
       const Request& r = w_.requests[i];
@@ -461,7 +466,7 @@ class FleetSim {
       out << i << ',' << f.arrival << ',' << r.prompt_tokens << ',' << r.output_tokens << ',' << f.worker << ','
           << (r.prompt_tokens - f.predicted_uncached) << ',' << f.cached << ',' << f.estimate << ','
           << f.pending_at_dispatch << ',' << f.in_flight_at_dispatch << ',' << (f.first_token - f.arrival) << ','
-          << (f.finish - f.arrival) << '\n';
+          << (f.finish - f.arrival) << ',' << f.best_matched << ',' << f.bound << '\n';
     }
   }
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "bench/generators.h"
@@ -110,6 +112,35 @@ TEST(Simulate, PrefixAwareBeatsRoundRobinOnSharedPrefixes) {
   const double rr = r->policies[0].hit_rate;
   EXPECT_GT(r->policies[1].hit_rate, rr + 0.05);
   EXPECT_GT(r->policies[2].hit_rate, rr + 0.05);
+}
+
+// The debug dump: one CSV per policy run, a header and one line per completed request, with the session's bound
+// worker for session workloads.
+TEST(Simulate, DumpRequestsWritesOneLinePerRequest) {
+  BenchConfig c = small_config("multi_turn", 120, 3);
+  c.policies = {"kv_cost"};
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "kvroute_dump_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  c.sim.dump_dir = dir.string();
+  auto w = load_workload(c);
+  ASSERT_TRUE(w);
+  auto r = run_policies(*w, c, 1.0);
+  ASSERT_TRUE(r);
+  std::ifstream in(dir / "kv_cost@1.csv");
+  ASSERT_TRUE(in) << "no dump file";
+  std::string header, line;
+  std::getline(in, header);
+  EXPECT_EQ(header, "id,arrival_s,prompt_tokens,output_tokens,worker,predicted_cached,cached,estimate_s,pending_tokens,"
+                    "in_flight,ttft_s,e2e_s,best_matched,bound");
+  std::size_t lines = 0, bound = 0;
+  while (std::getline(in, line)) {
+    ++lines;
+    if (line.substr(line.rfind(',') + 1) != "-1") ++bound;
+  }
+  EXPECT_EQ(lines, 120u);
+  EXPECT_GT(bound, 0u);  // later turns of a chat find their session bound
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Simulate, PreciseModeSeesEventsEvenWhenLate) {
