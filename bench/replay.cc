@@ -652,40 +652,19 @@ PolicyResult summarize_replay(const ReplayRun& run, const std::string& label) {
   PolicyResult res;
   res.name = label;
   res.mode = IndexMode::kNone;
-  std::vector<double> ttft, cold, warm;
-  double e2e_sum = 0, itl_num = 0, itl_den = 0, first = std::numeric_limits<double>::infinity(), last = 0;
-  std::uint64_t cached = 0, prompt = 0, out = 0;
+  RequestTally tally;
   for (const ReplayRecord& r : run.records) {
     if (!r.ok) continue;
-    ++res.completed;
-    ttft.push_back(r.ttft_s);
-    (2ull * r.cached_tokens >= r.prompt_tokens ? warm : cold).push_back(r.ttft_s);
-    e2e_sum += r.e2e_s;
     // Token-weighted like the simulator: decode time over the tokens after the first. Usage gives the
     // token count; an endpoint may pack several tokens into one event, so events would overstate the gap.
     const std::uint32_t tokens = r.completion_tokens ? r.completion_tokens : r.content_events;
-    if (tokens >= 2) {
-      itl_num += r.decode_s;
-      itl_den += tokens - 1;
-    }
-    cached += r.cached_tokens;
-    prompt += r.prompt_tokens;
-    out += r.completion_tokens;
-    first = std::min(first, r.send_s);
-    last = std::max(last, r.send_s + r.e2e_s);
+    tally.add(r.ttft_s, r.e2e_s, r.decode_s, tokens, r.cached_tokens, r.prompt_tokens, r.completion_tokens, r.send_s,
+              r.send_s + r.e2e_s);
   }
-  res.hit_rate = prompt ? static_cast<double>(cached) / static_cast<double>(prompt) : 0.0;
-  res.ttft = stats_of(ttft);
-  res.ttft_cold = stats_of(cold);
-  res.ttft_warm = stats_of(warm);
-  res.e2e_mean_s = res.completed ? e2e_sum / static_cast<double>(res.completed) : 0.0;
-  res.itl_mean_s = itl_den > 0 ? itl_num / itl_den : 0.0;
-  res.output_tok_s = last > first ? static_cast<double>(out) / (last - first) : 0.0;
+  res.output_tok_s = tally.fill(res);
   std::vector<double> per_worker;
   for (const auto& [w, n] : run.per_worker) per_worker.push_back(static_cast<double>(n));
   res.load_cov = res.requests_cov = coefficient_of_variation(per_worker);
-  std::sort(ttft.begin(), ttft.end());
-  res.ttfts = std::move(ttft);
   return res;
 }
 
@@ -732,14 +711,7 @@ int run_replay_command(const std::vector<std::string>& args) {
   auto opts = parse_replay_args(args);
   if (!opts) return report_args_error("kvroute-bench replay", opts.error());
   auto workload = load_replay_workload(*opts);
-  if (!workload) {
-    std::cerr << "kvroute-bench replay: " << workload.error().message << "\n";
-    return 1;
-  }
-  if (workload->requests.empty()) {
-    std::cerr << "kvroute-bench replay: the workload has no requests\n";
-    return 1;
-  }
+  if (int rc = report_workload_error("kvroute-bench replay", workload)) return rc;
   if (opts->request_rate > 0 && workload->duration_s() > 0)
     opts->rate_scale = opts->request_rate * workload->duration_s() / static_cast<double>(workload->requests.size());
   std::fprintf(stderr, "[replay] %s: %zu requests, %llu prompt tokens, %.1f s of arrivals -> %s (speed x%g, rate x%g: %.1f s wall)\n",

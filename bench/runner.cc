@@ -293,18 +293,23 @@ int report_args_error(std::string_view command, const Error& error) {
   return 2;
 }
 
+int report_workload_error(std::string_view command, const Result<Workload>& workload) {
+  if (!workload) {
+    std::cerr << command << ": " << workload.error().message << "\n";
+    return 1;
+  }
+  if (workload->requests.empty()) {
+    std::cerr << command << ": the workload has no requests\n";
+    return 1;
+  }
+  return 0;
+}
+
 int run_simulate_command(const std::vector<std::string>& args) {
   auto config = parse_simulate_args(args);
   if (!config) return report_args_error("kvroute-bench simulate", config.error());
   auto workload = load_workload(*config);
-  if (!workload) {
-    std::cerr << "kvroute-bench simulate: " << workload.error().message << "\n";
-    return 1;
-  }
-  if (workload->requests.empty()) {
-    std::cerr << "kvroute-bench simulate: the workload has no requests\n";
-    return 1;
-  }
+  if (int rc = report_workload_error("kvroute-bench simulate", workload)) return rc;
   std::cerr << "[simulate] " << workload->name << ": " << workload->requests.size() << " requests, "
             << workload->prompt_tokens() << " prompt tokens, " << workload->duration_s() << " s\n";
   std::vector<double> scales = config->sweep.empty() ? std::vector<double>{config->sim.rate_scale} : config->sweep;

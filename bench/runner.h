@@ -70,5 +70,8 @@ int run_simulate_command(const std::vector<std::string>& args);
 // What a subcommand does with its argument parser's error: a "usage: ..." text (from --help) goes to stdout
 // with exit code 0, anything else to stderr, prefixed with the command, with exit code 2.
 int report_args_error(std::string_view command, const Error& error);
+// What a subcommand does with the workload it loaded: when it failed to load or has no requests, says so on
+// stderr, prefixed with the command, and returns 1; returns 0 when it can be run.
+int report_workload_error(std::string_view command, const Result<Workload>& workload);
 
 }  // namespace kvroute::bench

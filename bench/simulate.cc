@@ -111,6 +111,36 @@ LatencyStats stats_of(std::vector<double> v) {
   return s;
 }
 
+void RequestTally::add(double ttft_s, double e2e_s, double decode_s, std::uint32_t itl_tokens, std::uint64_t cached,
+                       std::uint64_t prompt, std::uint64_t output, double start_s, double end_s) {
+  ttft_.push_back(ttft_s);
+  (2ull * cached >= prompt ? warm_ : cold_).push_back(ttft_s);
+  e2e_sum_ += e2e_s;
+  if (itl_tokens >= 2) {
+    itl_num_ += decode_s;
+    itl_den_ += itl_tokens - 1;
+  }
+  cached_ += cached;
+  prompt_ += prompt;
+  output_ += output;
+  first_ = std::min(first_, start_s);
+  last_ = std::max(last_, end_s);
+}
+
+double RequestTally::fill(PolicyResult& res) {
+  res.completed = ttft_.size();
+  res.hit_rate = prompt_ ? static_cast<double>(cached_) / static_cast<double>(prompt_) : 0.0;
+  res.ttft = stats_of(ttft_);
+  res.ttft_cold = stats_of(cold_);
+  res.ttft_warm = stats_of(warm_);
+  res.e2e_mean_s = res.completed ? e2e_sum_ / static_cast<double>(res.completed) : 0.0;
+  res.itl_mean_s = itl_den_ > 0 ? itl_num_ / itl_den_ : 0.0;
+  std::sort(ttft_.begin(), ttft_.end());
+  res.ttfts = std::move(ttft_);
+  ttft_.clear();
+  return last_ > first_ ? static_cast<double>(output_) / (last_ - first_) : 0.0;
+}
+
 double coefficient_of_variation(const std::vector<double>& v) {
   if (v.empty()) return 0.0;
   double mean = 0;
@@ -474,35 +504,15 @@ class FleetSim {
     PolicyResult res;
     res.name = run_.label;
     res.mode = run_.mode;
-    std::vector<double> ttft, cold, warm;
-    double e2e_sum = 0, itl_num = 0, itl_den = 0, first_arrival = std::numeric_limits<double>::infinity(), last = 0;
-    std::uint64_t cached = 0, prompt = 0, out = 0;
+    RequestTally tally;
     for (std::size_t i = 0; i < flights_.size(); ++i) {
       const Flight& f = flights_[i];
       const Request& r = w_.requests[i];
       if (!f.submitted || f.finish < 0) continue;
-      ++res.completed;
-      const double x = f.first_token - f.arrival;
-      ttft.push_back(x);
-      (2ull * f.cached >= r.prompt_tokens ? warm : cold).push_back(x);
-      e2e_sum += f.finish - f.arrival;
-      if (r.output_tokens >= 2) {
-        itl_num += f.finish - f.first_token;
-        itl_den += r.output_tokens - 1;
-      }
-      cached += f.cached;
-      prompt += r.prompt_tokens;
-      out += r.output_tokens;
-      first_arrival = std::min(first_arrival, f.arrival);
-      last = std::max(last, f.finish);
+      tally.add(f.first_token - f.arrival, f.finish - f.arrival, f.finish - f.first_token, r.output_tokens, f.cached,
+                r.prompt_tokens, r.output_tokens, f.arrival, f.finish);
     }
-    res.hit_rate = prompt ? static_cast<double>(cached) / static_cast<double>(prompt) : 0.0;
-    res.ttft = stats_of(ttft);
-    res.ttft_cold = stats_of(cold);
-    res.ttft_warm = stats_of(warm);
-    res.e2e_mean_s = res.completed ? e2e_sum / static_cast<double>(res.completed) : 0.0;
-    res.itl_mean_s = itl_den > 0 ? itl_num / itl_den : 0.0;
-    res.output_tok_s_total = last > first_arrival ? static_cast<double>(out) / (last - first_arrival) : 0.0;
+    res.output_tok_s_total = tally.fill(res);
     res.output_tok_s = last_arrival_ > first_arrival_
                            ? static_cast<double>(tokens_in_window_) / (last_arrival_ - first_arrival_)
                            : res.output_tok_s_total;
@@ -520,8 +530,6 @@ class FleetSim {
     std::sort(d.begin(), d.end());
     res.decision_us_p50 = percentile(d, 0.5);
     res.decision_us_p99 = percentile(d, 0.99);
-    std::sort(ttft.begin(), ttft.end());
-    res.ttfts = std::move(ttft);
     return res;
   }
 

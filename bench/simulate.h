@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,8 @@ struct SimOptions {
   policy::PolicyOptions policy;
   // Debug: when set, every run writes DIR/<label>@<rate_scale>.csv, one line per request (arrival, prompt and
   // output tokens, worker, predicted and reported cached tokens, the pick's TTFT estimate, the worker's
-  // router-tracked pending prefill and in-flight count at dispatch, TTFT, end-to-end latency).
+  // router-tracked pending prefill and in-flight count at dispatch, TTFT, end-to-end latency, the longest
+  // match any worker had, the worker the request's session was bound to or -1).
   std::string dump_dir;
 };
 
@@ -94,6 +96,25 @@ struct PolicyResult {
   double decision_us_p50 = 0, decision_us_p99 = 0;
   double wall_s = 0;                // wall-clock time of this run
   std::vector<double> ttfts;        // sorted, for CDF plots
+};
+
+// The per-request columns of a PolicyResult, accumulated the same way by the simulator and the replayer so
+// that their tables compare.
+class RequestTally {
+ public:
+  // One completed request: its TTFT and end-to-end latency, decode_s seconds after the first token over
+  // itl_tokens output tokens (ITL is token-weighted), cached / prompt / output token counts, and the times it
+  // started and ended.
+  void add(double ttft_s, double e2e_s, double decode_s, std::uint32_t itl_tokens, std::uint64_t cached,
+           std::uint64_t prompt, std::uint64_t output, double start_s, double end_s);
+  // Fills completed, hit_rate, the TTFT statistics (and the sorted ttfts), e2e_mean_s and itl_mean_s; returns
+  // output tokens over the time from the first start to the last end (0 when that is empty).
+  double fill(PolicyResult& res);
+
+ private:
+  std::vector<double> ttft_, cold_, warm_;
+  double e2e_sum_ = 0, itl_num_ = 0, itl_den_ = 0, first_ = std::numeric_limits<double>::infinity(), last_ = 0;
+  std::uint64_t cached_ = 0, prompt_ = 0, output_ = 0;
 };
 
 // Capacity of one worker as the engine sizes it (GPU and CPU blocks), for the capacity bound.
