@@ -17,8 +17,10 @@
 //   evict    = blocks the request computes x share of the worker's capacity holding blocks that were hit
 //              again x recompute time of a block     (a warm cache evicts one block per block computed)
 //   dup      = 5 x prefill time of the tokens some other worker holds but this one would recompute
+//   idle     = the fleet's spare prefill: the shortest prefill queue (pending / P) of any healthy worker
 //   delay    = 0.2 x out x step                       (this request's own decode time on the worker's batch)
-//   cost     = TTFT x (1 + TTFT / 5 s) + alpha x (evict + dup x (1 + 4 TTFT / 5 s)) + beta x delay
+//   cost     = TTFT x (1 + TTFT / 5 s) + alpha x (evict + dup x (1 + 4 TTFT / 5 s + idle / 25 ms))
+//              + beta x delay
 //
 // The TTFT part of the cost is convex: a second of queueing costs 1 + 2 TTFT / 5 s, so a long prompt (whose
 // TTFT is seconds, and which sets the p99) goes where it starts soonest, while for short requests the cache
@@ -26,6 +28,8 @@
 // grows with the TTFT the request would have on the worker too (kDuplicateTailWeight): without that, the
 // convex TTFT cost moved long prompts off a busy worker holding part of their prefix for small gains, and
 // the copies they made evicted other prefixes (conversation trace at 1x the knee: hit rate 12.7 % -> 13.2 %).
+// It grows with the load of the whole fleet as well (kFleetBusySeconds): a recomputation is paid for with GPU
+// time, which is free while some worker idles and taken from other requests once every worker has a queue.
 //
 // What made the difference on the benchmark (docs/benchmarks.md): pricing admission (running cap and full
 // KV pool) and the batch-dependent decode step, so sessions and long chats are not stacked on a worker
@@ -69,6 +73,14 @@ constexpr double kDuplicateWeight = 5.0;
 // benchmark (2: conversation hit rate at 1x the knee 13.1 %; 28 and more: 13.2-13.6 % at 1.25x but a
 // worse p99 at 0.75x than block_cost, where long prompts should go where they start soonest).
 constexpr double kDuplicateTailWeight = 4.0;
+// The duplicate term is multiplied by a further 1 + (shortest prefill queue in the fleet) / kFleetBusySeconds:
+// when even the least-loaded worker has queued prefill, a copy of a prefix another worker holds delays the
+// whole fleet, so moving a request off its prefix's holder needs a larger TTFT gain. Tuned on the benchmark
+// (docs/benchmarks.md): 25 ms (the range 17-33 ms behaves alike) lifted shared_prefix throughput at 1.25x
+// the knee from 0.5 % behind e2 to 0.3 % ahead, multi_turn p99 at the knee below chwbl's, and the
+// conversation hit rate at 1.25x the knee from 12.5 % to 12.8 %; 10 ms and less let the synthetic trace's
+// long prompts wait behind their holders (p99 above block_cost's at the knee).
+constexpr double kFleetBusySeconds = 0.025;
 // Weight, within `delay`, of the request's own decode time on the worker's batch. Small: it only has to
 // break the tie between workers whose TTFTs look alike but whose batches (and so every later token) differ.
 constexpr double kDecodeWeight = 0.2;
@@ -85,10 +97,11 @@ class KvCost final : public RoutingPolicy {
     double ttft = 0, evict = 0, dup = 0, delay = 0;
     // Convex in TTFT (ttft x (1 + ttft / kTailSeconds)): a second of queueing costs more the longer the request
     // already takes, so long prompts, which set the p99, go where they start soonest, while for short requests
-    // the cache terms still decide. The duplicate term scales with TTFT as well (kDuplicateTailWeight).
-    double cost(const PolicyOptions& o) const {
-      return ttft * (1.0 + ttft / kTailSeconds) +
-             o.alpha * (evict + dup * (1.0 + kDuplicateTailWeight * ttft / kTailSeconds)) + o.beta * delay;
+    // the cache terms still decide. The duplicate term scales with TTFT as well (kDuplicateTailWeight) and with
+    // the fleet's shortest prefill queue, `idle_queue_s` (kFleetBusySeconds).
+    double cost(const PolicyOptions& o, double idle_queue_s) const {
+      const double dup_scale = 1.0 + kDuplicateTailWeight * ttft / kTailSeconds + idle_queue_s / kFleetBusySeconds;
+      return ttft * (1.0 + ttft / kTailSeconds) + o.alpha * (evict + dup * dup_scale) + o.beta * delay;
     }
   };
 
@@ -135,9 +148,16 @@ class KvCost final : public RoutingPolicy {
   double estimate(const RoutingContext& ctx, std::size_t i) const override { return terms(ctx, i, 0).ttft; }
 
   std::optional<Pick> pick(const RoutingContext& ctx) const override {
+    // The longest match any healthy worker has (for the duplicate term) and the shortest prefill queue.
     std::uint64_t most_matched = 0;
-    for (std::size_t i = 0; i < ctx.workers.size(); ++i)
-      if (ctx.workers[i].healthy) most_matched = std::max(most_matched, ctx.matched_tokens(i));
+    double idle_queue_s = std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
+      const WorkerView& w = ctx.workers[i];
+      if (!w.healthy) continue;
+      most_matched = std::max(most_matched, ctx.matched_tokens(i));
+      const double queue_s = static_cast<double>(w.pending_prefill_tokens) / std::max(w.prefill_tokens_per_s, 1.0);
+      idle_queue_s = std::min(idle_queue_s, queue_s);
+    }
     std::optional<std::size_t> best;
     double best_cost = std::numeric_limits<double>::infinity(), best_ttft = 0;
     for (std::size_t k = 0; k < ctx.workers.size(); ++k) {
@@ -145,7 +165,7 @@ class KvCost final : public RoutingPolicy {
       const WorkerView& w = ctx.workers[i];
       if (!w.healthy) continue;
       const Terms t = terms(ctx, i, static_cast<double>(most_matched));
-      const double c = t.cost(o_);
+      const double c = t.cost(o_, idle_queue_s);
       if (!best || c < best_cost || (c == best_cost && w.in_flight < ctx.workers[*best].in_flight)) {
         best = i;
         best_cost = c;

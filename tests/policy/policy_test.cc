@@ -212,6 +212,23 @@ TEST(KvCost, PrefersCachedPrefixUntilQueueingCostsMore) {
   EXPECT_EQ(pick->reason, Reason::kLoadFallback);
 }
 
+TEST(KvCost, LeavesThePrefixHolderOnlyWhileTheFleetHasSpareCapacity) {
+  auto p = make("kv_cost");
+  Scene s(3);
+  for (auto& w : s.workers) w.prefill_tokens_per_s = 1000;
+  s.match.blocks = {8, 0, 0};
+  s.workers[0].pending_prefill_tokens = 5000;  // the holder has 5 s of prefill queued
+  // Workers 1 and 2 idle: recomputing the 800 cached tokens on one of them costs less than the wait.
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  // Every worker has a queue (the shortest is 0.1 s): a copy of the prefix would take GPU time from other
+  // requests, so the request waits for its holder.
+  s.workers[1].pending_prefill_tokens = 100;
+  s.workers[2].pending_prefill_tokens = 200;
+  auto pick = p->pick(s.context());
+  EXPECT_EQ(pick->worker, 0u);
+  EXPECT_EQ(pick->reason, Reason::kPrefixHit);
+}
+
 TEST(KvCost, CpuTierCostsTransferNotRecompute) {
   auto p = make("kv_cost");
   Scene s(2);
