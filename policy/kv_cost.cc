@@ -76,10 +76,10 @@ constexpr double kDuplicateTailWeight = 4.0;
 // The duplicate term is multiplied by a further 1 + (shortest prefill queue in the fleet) / kFleetBusySeconds:
 // when even the least-loaded worker has queued prefill, a copy of a prefix another worker holds delays the
 // whole fleet, so moving a request off its prefix's holder needs a larger TTFT gain. Tuned on the benchmark
-// (docs/benchmarks.md): 25 ms (the range 17-33 ms behaves alike) lifted shared_prefix throughput at 1.25x
-// the knee from 0.5 % behind e2 to 0.3 % ahead, multi_turn p99 at the knee below chwbl's, and the
-// conversation hit rate at 1.25x the knee from 12.5 % to 12.8 %; 10 ms and less let the synthetic trace's
-// long prompts wait behind their holders (p99 above block_cost's at the knee).
+// (docs/benchmarks.md): 25 ms (17-33 ms behave alike) brought shared_prefix throughput at 1.25x the knee from
+// 0.5 % behind e2 to within 0.35 %, multi_turn p99 at the knee below chwbl's, and the conversation hit rate
+// at 1.25x the knee from 12.5 % to 12.8 %. 50 ms and more leave the synthetic trace's p99 at the knee above
+// block_cost's; 12.5 ms and less cost a synthetic or conversation cell by a hair.
 constexpr double kFleetBusySeconds = 0.025;
 // Weight, within `delay`, of the request's own decode time on the worker's batch. Small: it only has to
 // break the tie between workers whose TTFTs look alike but whose batches (and so every later token) differ.

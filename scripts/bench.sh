@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces every number in docs/benchmarks.md: the fleet simulation of all ten routing policies on the two
 # Mooncake traces and on the four built-in generators, each at three loads around the knee where
-# round_robin's mean TTFT reaches 5x its unloaded TTFT, plus the timing of the whole conversation trace.
+# round_robin's mean TTFT reaches 5x its unloaded TTFT, the timing of the whole conversation trace, and the
+# generators under a second seed, and the saturated multi_turn cell under four more seeds.
 #
 #   scripts/bench.sh TRACE_DIR [OUT_DIR]
 #
@@ -22,10 +23,10 @@ cmake --build "$BUILD_DIR" --target kvroute-bench
 BENCH="$BUILD_DIR/bin/kvroute-bench"
 mkdir -p "$OUT_DIR"
 
-run() {  # run NAME ARGS...: three loads around the knee, every policy, JSON + plots + table
+run() {  # [SEED=N] run NAME ARGS...: three loads around the knee, every policy, JSON + plots + table
   local name="$1"; shift
   echo "== $name" >&2
-  "$BENCH" simulate "$@" --knee 5 --workers 8 --model qwen3-8b --gpu h100-80gb --seed 1 \
+  "$BENCH" simulate "$@" --knee 5 --workers 8 --model qwen3-8b --gpu h100-80gb --seed "${SEED:-1}" \
     --json "$OUT_DIR/$name.json" --plots "$OUT_DIR/$name" | tee "$OUT_DIR/$name.txt"
 }
 
@@ -45,5 +46,19 @@ fi
 
 for workload in shared_prefix multi_turn tenants zipf_tools; do
   run "$workload" --workload "$workload"
+done
+
+# The four generators again with another seed (their own knees), to check that kv_cost's standing is not the
+# draw of seed 1.
+for workload in shared_prefix multi_turn tenants zipf_tools; do
+  SEED=2 run "${workload}_seed2" --workload "$workload"
+done
+
+# The saturated multi_turn cell under other seeds: the same generator and load (rate scale 1.6, 1.25x the
+# seed-1 knee), seeds 2-5, to show how much of that cell's ranking is the workload's draw.
+for seed in 2 3 4 5; do
+  echo "== multi_turn, rate scale 1.6, seed $seed" >&2
+  "$BENCH" simulate --workload multi_turn --rate-scale 1.6 --workers 8 --model qwen3-8b --gpu h100-80gb \
+    --seed "$seed" --no-progress --json "$OUT_DIR/multi_turn_1.6_seed$seed.json" | tee "$OUT_DIR/multi_turn_1.6_seed$seed.txt"
 done
 echo "results in $OUT_DIR" >&2
