@@ -18,8 +18,9 @@
 //  * Real time: every request crosses three processes (client, daemon, workers) on a small, busy machine,
 //    which adds a few milliseconds of wall time, i.e. speed x that in model time, to each TTFT. At --speed 2
 //    that stays a few percent of TTFTs of about 0.1 s (at --speed 4 it was 7-10 %, at 16 the workers'
-//    process could no longer keep real time). The request rate is given in requests per model second and
-//    turned into a rate scale from the generated arrivals, so retuning a generator does not move the load.
+//    process could no longer keep real time; a sanitizer build adds ~20 %, so there only the hit rate is
+//    compared). The request rate is given in requests per model second and turned into a rate scale from
+//    the generated arrivals, so retuning a generator does not move the load.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -115,8 +116,15 @@ TEST(ReplayAgreement, DaemonKvCostAgreesWithInProcessSimulation) {
   ASSERT_GT(sim_res->hit_rate, 0.1);  // a workload with nothing to hit would agree trivially
   EXPECT_NEAR(http.hit_rate / sim_res->hit_rate, 1.0, 0.10) << "hit rate: replay " << http.hit_rate << ", simulate "
                                                             << sim_res->hit_rate;
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer every process on the request path runs 2-3x slower, which adds ~20 % of wall time
+  // to each replayed TTFT: the comparison would measure the instrumentation, not the daemon.
+  std::printf("sanitizer build: mean TTFT agreement not checked (replay %.4f s, simulate %.4f s)\n", http.ttft.mean,
+              sim_res->ttft.mean);
+#else
   EXPECT_NEAR(http.ttft.mean / sim_res->ttft.mean, 1.0, 0.10)
       << "mean TTFT: replay " << http.ttft.mean << " s, simulate " << sim_res->ttft.mean << " s";
+#endif
 }
 
 // The materialized prompts keep the workload's sharing: equal chain prefixes give equal token prefixes, and
