@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces every number in docs/benchmarks.md: the fleet simulation of all ten routing policies on the two
 # Mooncake traces and on the four built-in generators, each at three loads around the knee where
-# round_robin's mean TTFT reaches 5x its unloaded TTFT, the timing of the whole conversation trace, and the
-# generators under a second seed, and the saturated multi_turn cell under four more seeds.
+# round_robin's mean TTFT reaches 5x its unloaded TTFT; the timing of the whole conversation trace; the
+# generators under a second seed; and the saturated multi_turn cell under four more seeds.
 #
 #   scripts/bench.sh TRACE_DIR [OUT_DIR]
 #
