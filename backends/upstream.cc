@@ -40,6 +40,9 @@ void async_connect_endpoint(beast::tcp_stream& stream, const WorkerEndpoint& end
 UpstreamPool::UpstreamPool(asio::any_io_executor ex, Options options) : ex_(std::move(ex)), options_(options) {}
 
 namespace {
+// Pooled connections idle for at most this long are reused without the check below (see acquire()).
+constexpr std::chrono::seconds kUncheckedIdle{1};
+
 // A pooled connection the peer closed while idle reads as EOF at once; drop those before reuse.
 // One recv(MSG_PEEK | MSG_DONTWAIT) on the native socket: toggling the socket's non-blocking mode around
 // the peek cost two more system calls (ioctl) on every request.
@@ -61,7 +64,12 @@ void UpstreamPool::acquire(const Worker& worker, Handler handler, bool fresh_onl
     while (!idle.empty()) {
       Idle conn = std::move(idle.back());
       idle.pop_back();
-      if (now - conn.since > options_.idle_timeout || !looks_alive(*conn.stream)) continue;
+      const auto idle_for = now - conn.since;
+      if (idle_for > options_.idle_timeout) continue;
+      // A connection that answered within the last second is not checked: servers close idle keep-alive
+      // connections after seconds (uvicorn's default is 5 s), and a request that still finds one closed is
+      // retried once on a fresh connection by the caller. The check is one system call per request.
+      if (idle_for > kUncheckedIdle && !looks_alive(*conn.stream)) continue;
       lock.unlock();
       handler({}, Lease{id, std::move(conn.stream), true});
       return;

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <iostream>
 #include <random>
 
@@ -12,6 +13,7 @@
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/buffer_body.hpp>
@@ -131,6 +133,30 @@ void take_complete_events(std::string& pending, std::string& out, bool last) {
     pending.clear();
   }
 }
+
+// Appends one "name: value" header line.
+void append_field(std::string& head, std::string_view name, std::string_view value) {
+  head.append(name);
+  head.append(": ");
+  head.append(value);
+  head.append("\r\n");
+}
+
+// The buffers of one relayed write, at most five: head, chunk-size line, data, CRLF, last chunk. The relay
+// builds each message head as one string instead of letting Beast's serializer hand the socket every
+// start-line part and header field as a separate buffer: iterating those was the largest user-space cost of
+// a relayed request (docs/overhead.md).
+struct Pieces {
+  using value_type = asio::const_buffer;
+  using const_iterator = const asio::const_buffer*;
+  std::array<asio::const_buffer, 5> b;
+  std::size_t n = 0;
+  void add(const void* data, std::size_t size) {
+    if (size > 0) b[n++] = asio::const_buffer(data, size);
+  }
+  const_iterator begin() const { return b.data(); }
+  const_iterator end() const { return b.data() + n; }
+};
 
 template <class Body>
 void common_headers(http::response<Body>& res, const std::string& request_id) {
@@ -304,18 +330,23 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   // ---- proxying ----
   void forward(std::shared_ptr<backends::Worker> worker) {
     worker_ = std::move(worker);
-    up_req_ = {};
-    up_req_.method(req_.method());
-    up_req_.target(req_.target());
-    up_req_.version(11);
+    // HTTP/1.1 to the worker: keep-alive by default, the body re-framed by its length.
+    const std::string& body = up_body_.empty() ? req_.body() : up_body_;
+    up_head_.clear();
+    up_head_.append(req_.method_string());
+    up_head_.push_back(' ');
+    up_head_.append(req_.target());
+    up_head_.append(" HTTP/1.1\r\n");
     for (const auto& f : req_) {
-      if (!hop_by_hop(f.name(), f.name_string())) up_req_.set(f.name_string(), f.value());
+      if (!hop_by_hop(f.name(), f.name_string()) && !beast::iequals(f.name_string(), "x-request-id")) {
+        append_field(up_head_, f.name_string(), f.value());
+      }
     }
-    up_req_.set(http::field::host, worker_->endpoint().name);
-    up_req_.set("x-request-id", request_id_);
-    up_req_.keep_alive(true);
-    up_req_.body() = up_body_.empty() ? req_.body() : up_body_;
-    up_req_.prepare_payload();
+    append_field(up_head_, "Host", worker_->endpoint().name);
+    append_field(up_head_, "x-request-id", request_id_);
+    append_field(up_head_, "Content-Length", std::to_string(body.size()));
+    up_head_.append("\r\n");
+    up_body_view_ = body;
     acquire(false);
   }
 
@@ -335,7 +366,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     lease_ = std::move(lease);
     lease_.stream->expires_after(seconds(svc_.config.request_timeout_s));
     watch_client();
-    http::async_write(*lease_.stream, up_req_,
+    Pieces out;
+    out.add(up_head_.data(), up_head_.size());
+    out.add(up_body_view_.data(), up_body_view_.size());
+    asio::async_write(*lease_.stream, out,
                       asio::bind_executor(stream_.get_executor(),
                                           beast::bind_front_handler(&ApiSession::on_upstream_write, shared_from_this())));
   }
@@ -358,29 +392,42 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (!lease_.stream) return;
     if (ec) return upstream_failed("reading from worker " + worker_->name() + ": " + ec.message(), lease_.reused);
     auto& up = up_parser_->get();
-    down_res_ = {};
-    down_res_.result(up.result_int());
-    down_res_.version(11);
+    status_ = up.result_int();
+    down_head_.clear();
+    down_head_.append("HTTP/1.1 ");
+    down_head_.append(std::to_string(status_));
+    down_head_.push_back(' ');
+    down_head_.append(up.reason().empty() ? http::obsolete_reason(up.result()) : up.reason());
+    down_head_.append("\r\n");
     for (const auto& f : up) {
-      if (!hop_by_hop(f.name(), f.name_string())) down_res_.set(f.name_string(), f.value());
+      const std::string_view name = f.name_string();
+      if (hop_by_hop(f.name(), name) || f.name() == http::field::server || beast::iequals(name, "x-request-id") ||
+          beast::iequals(name, "x-kvroute-worker")) {
+        continue;
+      }
+      append_field(down_head_, name, f.value());
     }
-    common_headers(down_res_, request_id_);
-    if (svc_.config.worker_header) down_res_.set("x-kvroute-worker", worker_->name());
+    append_field(down_head_, "Server", "kvroute");
+    if (!request_id_.empty()) append_field(down_head_, "x-request-id", request_id_);
+    if (svc_.config.worker_header) append_field(down_head_, "x-kvroute-worker", worker_->name());
     strip_active_ = strip_usage_ && up[http::field::content_type].find("text/event-stream") != std::string_view::npos;
     sse_.clear();
+    down_chunked_ = false;
     if (strip_active_) {
-      down_res_.chunked(true);  // the body shrinks by the removed event
+      down_chunked_ = true;  // the body shrinks by the removed event
     } else if (auto len = up_parser_->content_length()) {
-      down_res_.content_length(*len);
-    } else if (up_parser_->is_done() || up.result_int() == 204 || up.result_int() == 304) {
-      down_res_.content_length(0);
+      append_field(down_head_, "Content-Length", std::to_string(*len));
+    } else if (up_parser_->is_done() || status_ == 204 || status_ == 304) {
+      append_field(down_head_, "Content-Length", "0");
     } else {
-      down_res_.chunked(true);
+      down_chunked_ = true;
     }
-    down_res_.keep_alive(!close_after_);
-    status_ = up.result_int();
+    if (down_chunked_) append_field(down_head_, "Transfer-Encoding", "chunked");
+    if (close_after_) append_field(down_head_, "Connection", "close");
+    down_head_.append("\r\n");
+    head_pending_ = true;
+    down_last_ = false;
     tail_.clear();
-    down_sr_.emplace(down_res_);
     // A long stream is bounded by the request deadline, not by the idle timeout set when reading the request.
     stream_.expires_after(seconds(svc_.config.request_timeout_s));
     // Eager: one read passes on every chunk it brought (an SSE stream is a chunk per event), not one chunk.
@@ -392,8 +439,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       if (perr) return upstream_failed("reading from worker " + worker_->name() + ": " + perr.message(), false);
       if (got > 0 || up_parser_->is_done()) return relay_piece(got, up_parser_->is_done());
     }
-    http::async_write_header(stream_, *down_sr_,
-                             beast::bind_front_handler(&ApiSession::on_down_written, shared_from_this()));
+    write_down(nullptr, 0, false);
   }
 
   // Parses body bytes already in up_buffer_ into relay_ without touching the socket; returns how many it
@@ -454,10 +500,30 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       size = out_.size();
     }
     if (size == 0 && !last) return read_upstream_body();
-    down_res_.body().data = size ? const_cast<char*>(data) : nullptr;
-    down_res_.body().size = size;
-    down_res_.body().more = !last;
-    http::async_write(stream_, *down_sr_, beast::bind_front_handler(&ApiSession::on_down_written, shared_from_this()));
+    write_down(data, size, last);
+  }
+
+  // Sends the next piece of the response to the client: the head if it has not gone out yet, then `size`
+  // bytes of body, chunk-framed for a chunked response (plus the last chunk when `last`).
+  void write_down(const char* data, std::size_t size, bool last) {
+    Pieces out;
+    if (head_pending_) {
+      out.add(down_head_.data(), down_head_.size());
+      head_pending_ = false;
+    }
+    if (down_chunked_) {
+      if (size > 0) {
+        const int n = std::snprintf(chunk_line_.data(), chunk_line_.size(), "%zx\r\n", size);
+        out.add(chunk_line_.data(), static_cast<std::size_t>(n));
+        out.add(data, size);
+        out.add("\r\n", 2);
+      }
+      if (last) out.add("0\r\n\r\n", 5);
+    } else {
+      out.add(data, size);
+    }
+    down_last_ = last;
+    asio::async_write(stream_, out, beast::bind_front_handler(&ApiSession::on_down_written, shared_from_this()));
   }
 
   void on_down_written(beast::error_code ec, std::size_t) {
@@ -468,7 +534,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       client_gone();
       return;
     }
-    if (!down_sr_->is_done()) return read_upstream_body();
+    if (!down_last_) return read_upstream_body();
     finish(status_ >= 200 && status_ < 300, up_parser_->keep_alive());
     if (close_after_) return do_close();
     do_read();
@@ -495,7 +561,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       svc_.router.complete(*decision_, o);
       decision_.reset();
     }
-    // up_parser_ and down_sr_ stay until the next exchange replaces them: after client_gone() an operation
+    // up_parser_ and the heads stay until the next exchange replaces them: after client_gone() an operation
     // that was already under way may still complete into them.
   }
 
@@ -740,14 +806,18 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
 
   std::optional<Decision> decision_;
   std::shared_ptr<backends::Worker> worker_;
-  http::request<http::string_body> up_req_;
+  std::string up_head_;          // start line and fields of the request to the worker
+  std::string_view up_body_view_;  // its body: up_body_ or req_'s
   backends::UpstreamPool::Lease lease_;
   std::shared_ptr<beast::tcp_stream> orphan_;  // the upstream connection client_gone() closed
   bool retried_ = false;
   beast::flat_buffer up_buffer_;
   std::optional<http::response_parser<http::buffer_body>> up_parser_;
-  http::response<http::buffer_body> down_res_;
-  std::optional<http::response_serializer<http::buffer_body>> down_sr_;
+  std::string down_head_;        // status line and fields of the response to the client
+  bool head_pending_ = false;    // down_head_ has not been written yet
+  bool down_chunked_ = false;    // the client's response is chunk-framed by the relay
+  bool down_last_ = false;       // the write under way ends the response
+  std::array<char, 24> chunk_line_{};
   std::array<char, kRelayChunk> relay_{};
   std::string tail_;
   bool strip_usage_ = false;   // this request's usage event was added by the router

@@ -209,6 +209,23 @@ TEST(RouterE2E, KilledWorkerLeavesAndReturns) {
   EXPECT_GT(after[fleet.worker_name(1)], 0);
 }
 
+// A worker restarted right after answering leaves the router holding a dead keep-alive connection to it, too
+// fresh to be checked before reuse (backends/upstream.cc): the request that meets it is resent on a new
+// connection and the client never sees the restart.
+TEST(RouterE2E, RestartedWorkerCostsNoFailedRequest) {
+  Fleet fleet(1, {"--health-interval", "60"});  // no health check marks the worker down during the restart
+  json::object body{{"model", "qwen3-8b"}, {"prompt", "restart " + std::string(300, 'y')}, {"max_tokens", 2}};
+  for (int round = 0; round < 3; ++round) {
+    auto before = http(fleet.api(), "POST", "/v1/completions", json::serialize(body));
+    EXPECT_EQ(before.status, 200) << before.body << before.error;
+    fleet.kill_worker(0);
+    fleet.start_worker(0);
+    ASSERT_TRUE(wait_http(fleet.worker_port(0), "/health", 10s));
+    auto after = http(fleet.api(), "POST", "/v1/completions", json::serialize(body));
+    EXPECT_EQ(after.status, 200) << "round " << round << ": " << after.body << after.error;
+  }
+}
+
 // A stream that outlives the client idle timeout is not cut; a client that leaves mid-stream cancels the
 // worker's request.
 TEST(RouterE2E, LongStreamsSurviveIdleTimeoutAndDisconnectsCancel) {
