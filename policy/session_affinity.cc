@@ -2,12 +2,20 @@
 // to a healthy worker, that worker is kept unless the inner policy's latency estimate for it exceeds the
 // estimate of the inner policy's own pick by more than session_margin_s. Policies without a latency model
 // (estimate() is NaN) always keep the bound worker while it is healthy.
+//
+// A session is never moved to a worker that already has kMoveFillLimit of its running-sequence cap in
+// flight. Moving a chat moves its later turns too, and under overload that tipped the receiving worker over
+// its cap in turn: on the benchmark's saturated multi_turn cell every worker ended up queueing
+// (docs/benchmarks.md). 0.7, measured there over five seeds: mean TTFT 0.55 s -> 0.45 s, p99 5.7 s -> 5.8 s
+// (0.6-0.85 were tried).
 #include "policy/policies.h"
 
 #include <cmath>
 
 namespace kvroute::policy {
 namespace {
+
+constexpr double kMoveFillLimit = 0.7;
 
 class SessionAffinity final : public RoutingPolicy {
  public:
@@ -26,8 +34,11 @@ class SessionAffinity final : public RoutingPolicy {
       if (best) best->reason = Reason::kSession;
       return best;
     }
+    const WorkerView& target = ctx.workers[best->worker];
+    const bool target_near_cap = target.max_running > 0 &&
+                                 static_cast<double>(target.in_flight) + 1.0 > kMoveFillLimit * target.max_running;
     const double bound_estimate = inner_->estimate(ctx, bound);
-    if (std::isnan(bound_estimate) || bound_estimate <= best->estimate_s + margin_) {
+    if (target_near_cap || std::isnan(bound_estimate) || bound_estimate <= best->estimate_s + margin_) {
       return Pick{bound, Reason::kSession, ctx.matched_tokens(bound), std::isnan(bound_estimate) ? 0.0 : bound_estimate};
     }
     return best;

@@ -256,6 +256,15 @@ TEST(SessionAffinity, KeepsBoundWorkerWithinMarginOnly) {
   auto pick = p->pick(s.ctx);
   EXPECT_EQ(pick->worker, 1u);
   EXPECT_EQ(pick->reason, Reason::kSession);
+  // A worker with 70 % of its running-sequence cap in flight does not take over a session.
+  s.match.blocks = {10, 0};
+  s.workers[0].max_running = 100;
+  s.workers[0].in_flight = 70;
+  pick = p->pick(s.context());
+  EXPECT_EQ(pick->worker, 1u);
+  EXPECT_EQ(pick->reason, Reason::kSession);
+  s.workers[0].in_flight = 60;
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
   // Prefix-blind policies keep a healthy bound worker.
   auto rr = std::move(*make_policy("round_robin", o));
   for (std::uint64_t seq = 0; seq < 4; ++seq) {
