@@ -77,6 +77,7 @@ std::string simulate_usage() {
          "  --session-ttl S         idle seconds before a session binding expires (default 600)\n"
          "  --kv-alpha X, --kv-beta X  kv_cost weights of eviction and of the delay added to running requests\n"
          "  --session-margin S      keep a session's worker unless its estimate is S seconds worse than the best\n"
+         "                          (default 0.25)\n"
          "  --threads N             policies simulated in parallel (default 2)\n"
          "  --json FILE             write results as JSON\n"
          "  --plots DIR             write SVG plots (TTFT CDF; with --sweep, hit rate and p99 TTFT vs load)\n"

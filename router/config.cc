@@ -132,7 +132,7 @@ const std::vector<Option>& options() {
        }},
       {"session-ttl", "SECONDS", "idle time after which a session binding is forgotten (default 600)",
        DOUBLE_OPT(session_ttl_s, 0.001, 1e7)},
-      {"session-margin", "SECONDS", "keep a session's worker unless its estimate is worse than the best by more (default 0.5)",
+      {"session-margin", "SECONDS", "keep a session's worker unless its estimate is worse than the best by more (default 0.25)",
        DOUBLE_OPT(session_margin_s, 0, 1e6)},
       {"tenant-header", "NAME", "request header naming the tenant; isolates cache namespaces (default x-tenant-id)",
        [](Config& c, const std::string& v) { c.tenant_header = v; return std::optional<std::string>(); }},

@@ -44,7 +44,7 @@ struct Config {
   // Session affinity.
   std::string session_header = "x-session-id";
   double session_ttl_s = 600;
-  double session_margin_s = 0.5;
+  double session_margin_s = 0.25;  // policy::PolicyOptions explains the default
   std::string tenant_header = "x-tenant-id";
 
   // Precise mode (KV events).

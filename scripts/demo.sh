@@ -81,11 +81,11 @@ worker_args=()
 for ((i = 0; i < workers; i++)); do worker_args+=(--worker "http://127.0.0.1:$((sim_port + i))"); done
 
 # kvroute has no notion of the workers' --speed: its time-valued settings are given in wall seconds, the
-# simulation's defaults divided by the speed (metrics every 0.5 model s, session TTL 600 s, margin 0.5 s).
+# simulation's defaults divided by the speed (metrics every 0.5 model s, session TTL 600 s, margin 0.25 s).
 awk_div() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%g", a / b }'; }
 router_args=(--listen "127.0.0.1:$api_port" --admin-listen "127.0.0.1:$admin_port"
   --metrics-interval "$(awk_div 0.5 $speed)" --session-ttl "$(awk_div 600 $speed)"
-  --session-margin "$(awk_div 0.5 $speed)" "${worker_args[@]}")
+  --session-margin "$(awk_div 0.25 $speed)" "${worker_args[@]}")
 
 start_router() {  # policy
   "$bin/kvroute" --policy "$1" "${router_args[@]}" >"$logs/kvroute-$1.log" 2>&1 &
