@@ -93,7 +93,7 @@ struct PolicyOptions {
   double beta = 0.5;    // weight of the request's own decode time on the worker's current batch
   // Session affinity: keep a bound worker unless its estimate exceeds the best by more than this. 0.25 s,
   // measured with the move guard of policy/session_affinity.cc on the saturated multi_turn benchmark cell
-  // over five seeds: mean / p99 TTFT 0.39 / 5.1 s (0.3 s: 0.40 / 5.6; 0.5 s: 0.45 / 5.8; 0.1 s and 1 s worse
+  // over five seeds: mean / p99 TTFT 0.39 / 5.0 s (0.3 s: 0.40 / 5.6; 0.5 s: 0.45 / 5.8; 0.1 s and 1 s worse
   // on seed 1). Moves only go to workers with headroom, so a chat can leave a worker that starts queueing
   // early without tipping another over.
   double session_margin_s = 0.25;
