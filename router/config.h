@@ -63,6 +63,7 @@ struct Config {
   double metrics_interval_s = 1;    // poll each worker's /metrics; 0 disables
   std::uint64_t worker_kv_blocks = 0;  // KV capacity per worker in blocks when the worker reports none
   double prefill_tokens_per_s = 20000;  // starting prefill rate before learning
+  std::uint32_t worker_max_seqs = 256;  // a worker's cap on running sequences (vLLM --max-num-seqs)
   double kv_cost_alpha = 1.0;
   double kv_cost_beta = 0.5;
 

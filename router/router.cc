@@ -49,6 +49,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   for (auto& v : views) {
     if (v.capacity_blocks == 0) v.capacity_blocks = capacity[v.id];
     v.reused_blocks = reused[v.id];  // kv_cost prices evicting blocks that get reused
+    v.max_running = config_.worker_max_seqs;
     learner_.apply(v);
   }
 

@@ -20,24 +20,28 @@ TEST(Config, DefaultsMatchTheDocumentation) {
   EXPECT_EQ(c->admin_listen, "127.0.0.1:9090");
   EXPECT_EQ(c->policy, "kv_cost");
   EXPECT_EQ(c->session_header, "x-session-id");
+  EXPECT_DOUBLE_EQ(c->session_margin_s, 0.25);
+  EXPECT_EQ(c->worker_max_seqs, 256u);
   EXPECT_TRUE(c->workers.empty());
 }
 
 TEST(Config, FlagsInBothForms) {
   auto c = parse({"--listen", "127.0.0.1:1234", "--policy=round_robin", "--worker", "http://127.0.0.1:8001",
-                  "--worker=http://localhost:8002/", "--session-ttl", "30"});
+                  "--worker=http://localhost:8002/", "--session-ttl", "30", "--worker-max-seqs=1024"});
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_EQ(c->listen, "127.0.0.1:1234");
   EXPECT_EQ(c->policy, "round_robin");
   ASSERT_EQ(c->workers.size(), 2u);
   EXPECT_EQ(c->workers[1].url, "http://localhost:8002");
   EXPECT_DOUBLE_EQ(c->session_ttl_s, 30);
+  EXPECT_EQ(c->worker_max_seqs, 1024u);
 }
 
 TEST(Config, YamlFileThenFlagsOverride) {
   const std::string path = testing::TempDir() + "/kvroute-config-test.yaml";
   std::ofstream(path) << "policy: cache_aware\nlisten: 127.0.0.1:7000\nworkers:\n  - http://127.0.0.1:9001\n"
-                         "  - url: http://127.0.0.1:9002\n    kv_events: tcp://127.0.0.1:5557\nhealth_interval: 0.5\n";
+                         "  - url: http://127.0.0.1:9002\n    kv_events: tcp://127.0.0.1:5557\nhealth_interval: 0.5\n"
+                         "worker_max_seqs: 512\n";
   auto c = parse({"--config", path, "--listen", "127.0.0.1:7001"});
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_EQ(c->policy, "cache_aware");
@@ -45,6 +49,7 @@ TEST(Config, YamlFileThenFlagsOverride) {
   ASSERT_EQ(c->workers.size(), 2u);
   EXPECT_EQ(c->workers[1].kv_events, "tcp://127.0.0.1:5557");
   EXPECT_DOUBLE_EQ(c->health_interval_s, 0.5);
+  EXPECT_EQ(c->worker_max_seqs, 512u);
   // --worker flags replace the file's list.
   c = parse({"--config", path, "--worker", "http://127.0.0.1:9009"});
   ASSERT_TRUE(c);
