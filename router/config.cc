@@ -164,8 +164,9 @@ const std::vector<Option>& options() {
       {"prefill-tokens-per-s", "N", "prefill rate assumed before it is learned (default 20000)",
        DOUBLE_OPT(prefill_tokens_per_s, 1, 1e9)},
       {"worker-max-seqs", "N",
-       "the workers' cap on running sequences (vLLM --max-num-seqs, SGLang --max-running-requests); kv_cost prices admission beyond it and "
-       "sessions are not moved onto a worker with 70 % of it in flight (default 256)",
+       "the workers' cap on running sequences (vLLM --max-num-seqs, SGLang --max-running-requests); kv_cost "
+       "prices admission beyond it and sessions are not moved onto a worker with 70 % of it in flight "
+       "(default 256)",
        INT_OPT(std::uint32_t, worker_max_seqs, 1, 1u << 20)},
       {"kv-cost-alpha", "X", "kv_cost weight of the recompute a request causes: evicted reused blocks, prefixes "
        "duplicated from another worker (default 1)", DOUBLE_OPT(kv_cost_alpha, 0, 1e6)},
