@@ -42,22 +42,6 @@ std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-Result<double> parse_double(const std::string& flag, const std::string& v, double min) {
-  char* end = nullptr;
-  const double d = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || !std::isfinite(d) || d < min)
-    return make_error(flag + ": '" + v + "' is not a number >= " + std::to_string(min));
-  return d;
-}
-
-Result<std::uint64_t> parse_count(const std::string& flag, const std::string& v) {
-  std::uint64_t n = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (v.empty() || ec != std::errc() || p != v.data() + v.size())
-    return make_error(flag + ": '" + v + "' is not a non-negative integer");
-  return n;
-}
-
 // http://HOST:PORT[/] -> host, port. Only plain HTTP: replay measures latency, TLS would only add noise.
 Result<std::pair<std::string, std::string>> parse_target(const std::string& t) {
   const std::string scheme = "http://";

@@ -1,6 +1,7 @@
 #include "bench/runner.h"
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,7 +18,6 @@
 #include "bench/mooncake.h"
 
 namespace kvroute::bench {
-namespace {
 
 Result<double> parse_double(const std::string& flag, const std::string& v, double min) {
   char* end = nullptr;
@@ -28,11 +28,14 @@ Result<double> parse_double(const std::string& flag, const std::string& v, doubl
 }
 
 Result<std::uint64_t> parse_count(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || v[0] == '-') return make_error(flag + ": '" + v + "' is not a non-negative integer");
-  return static_cast<std::uint64_t>(n);
+  std::uint64_t n = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || ec != std::errc() || p != v.data() + v.size())
+    return make_error(flag + ": '" + v + "' is not a non-negative integer");
+  return n;
 }
+
+namespace {
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;

@@ -8,6 +8,7 @@
 //   std::cout << format_table(*r);
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -66,6 +67,11 @@ Result<Bounds> compute_bounds(const Workload& workload, const SimOptions& option
 // The whole subcommand: returns the process exit code; writes the table to stdout, errors and progress to
 // stderr.
 int run_simulate_command(const std::vector<std::string>& args);
+
+// Command-line values of both subcommands: a finite number >= min, and a non-negative integer (digits only);
+// the error names the flag and the value.
+Result<double> parse_double(const std::string& flag, const std::string& v, double min);
+Result<std::uint64_t> parse_count(const std::string& flag, const std::string& v);
 
 // What a subcommand does with its argument parser's error: a "usage: ..." text (from --help) goes to stdout
 // with exit code 0, anything else to stderr, prefixed with the command, with exit code 2.
