@@ -45,6 +45,22 @@ std::vector<std::string> recv_multipart(void* socket, int timeout_ms) {
   return frames;
 }
 
+// A DEALER socket connected to the replay port that has asked for every batch from sequence 0 (an empty
+// delimiter frame, then the 8-byte big-endian start); nullptr when it cannot connect.
+void* request_replay_from_start(void* ctx, int replay_port) {
+  void* dealer = zmq_socket(ctx, ZMQ_DEALER);
+  int linger = 0;
+  zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof linger);
+  if (zmq_connect(dealer, ("tcp://127.0.0.1:" + std::to_string(replay_port)).c_str()) != 0) {
+    zmq_close(dealer);
+    return nullptr;
+  }
+  const std::string start(8, '\0');
+  zmq_send(dealer, "", 0, ZMQ_SNDMORE);
+  zmq_send(dealer, start.data(), start.size(), 0);
+  return dealer;
+}
+
 std::int64_t be64(const std::string& s) {
   std::uint64_t v = 0;
   for (unsigned char c : s) v = (v << 8) | c;
@@ -182,12 +198,8 @@ TEST_P(SimKvEventsTest, BlockStoredMatchesTokensAndDebugEndpoint) {
   for (std::uint64_t h : hashes) EXPECT_TRUE(held.count(std::to_string(h))) << h;
 
   // Replay from 0: the same batch again, then the end marker.
-  void* dealer = zmq_socket(ctx, ZMQ_DEALER);
-  zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof linger);
-  ASSERT_EQ(zmq_connect(dealer, ("tcp://127.0.0.1:" + std::to_string(events_port + 1)).c_str()), 0);
-  const std::string start(8, '\0');
-  zmq_send(dealer, "", 0, ZMQ_SNDMORE);
-  zmq_send(dealer, start.data(), start.size(), 0);
+  void* dealer = request_replay_from_start(ctx, events_port + 1);
+  ASSERT_NE(dealer, nullptr);
   std::vector<std::int64_t> seqs;
   bool ended = false;
   for (int i = 0; i < 100 && !ended; ++i) {
@@ -372,12 +384,8 @@ TEST(SimNativeKvEvents, StreamMatchesDebugBlocksAndLoadMatchesMetrics) {
 
   // Replay from 0: every batch since start, in order, each a native payload whose seq field repeats the
   // frame's; applied in order they give the same blocks.
-  void* dealer = zmq_socket(ctx, ZMQ_DEALER);
-  zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof linger);
-  ASSERT_EQ(zmq_connect(dealer, ("tcp://127.0.0.1:" + std::to_string(events_port + 1)).c_str()), 0);
-  const std::string start(8, '\0');
-  zmq_send(dealer, "", 0, ZMQ_SNDMORE);
-  zmq_send(dealer, start.data(), start.size(), 0);
+  void* dealer = request_replay_from_start(ctx, events_port + 1);
+  ASSERT_NE(dealer, nullptr);
   std::set<std::uint64_t> replayed;
   std::int64_t expect_seq = 0;
   bool ended = false;
