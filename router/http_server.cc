@@ -17,7 +17,6 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/buffer_body.hpp>
-#include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
@@ -528,7 +527,6 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
 
   void on_down_written(beast::error_code ec, std::size_t) {
     if (!lease_.stream) return;
-    if (ec == http::error::need_buffer) ec = {};
     if (ec) {
       // The client went away: drop the upstream connection so the worker cancels the request.
       client_gone();
