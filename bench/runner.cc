@@ -65,6 +65,8 @@ std::string simulate_usage() {
          "  --model NAME            model profile (default qwen3-8b)\n"
          "  --gpu NAME              GPU profile (default h100-80gb)\n"
          "  --cpu-tier-gb X         CPU KV tier per worker in GB (default 0: none)\n"
+         "  --prefix-commit WHEN    when a step's computed blocks become prefix-cache hits on the workers:\n"
+         "                          step-end (default, as SGLang) or schedule (as vLLM v1)\n"
          "  --rate-scale X          divide arrival times by X (X > 1: higher request rate; default 1)\n"
          "  --sweep a,b,c           run every policy at each of these rate scales\n"
          "  --knee F                find the rate scale where round_robin's mean TTFT is F x its unloaded TTFT\n"
@@ -108,6 +110,11 @@ Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
     else if (a == "--json") c.json_path = v;
     else if (a == "--plots") c.plots_dir = v;
     else if (a == "--dump-requests") c.sim.dump_dir = v;
+    else if (a == "--prefix-commit") {
+      auto p = sim::parse_prefix_commit(v);
+      if (!p) return make_error("--prefix-commit: " + p.error().message);
+      c.sim.prefix_commit = *p;
+    }
     else if (a == "--mode") {
       auto m = parse_mode(v);
       if (!m) return m.error();

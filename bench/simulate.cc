@@ -68,6 +68,7 @@ Result<sim::EngineConfig> engine_config(const SimOptions& o) {
   auto cfg = sim::EngineConfig::make(o.model, o.gpu);
   if (!cfg) return cfg.error();
   cfg->cpu_tier_bytes = std::max(0.0, o.cpu_tier_gb) * 1e9;
+  cfg->prefix_commit = o.prefix_commit;
   return cfg;
 }
 

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/sim/engine.h"
 #include "bench/workload.h"
 #include "policy/routing_policy.h"
 #include "util/result.h"
@@ -52,6 +53,7 @@ struct SimOptions {
   std::string model = "qwen3-8b";
   std::string gpu = "h100-80gb";
   double cpu_tier_gb = 0;           // per worker; 0 = no CPU tier (vLLM's default)
+  sim::PrefixCommit prefix_commit = sim::PrefixCommit::kStepEnd;  // when computed blocks become hits
   double rate_scale = 1.0;          // arrival times are divided by it (2 = twice the request rate)
   std::uint64_t seed = 1;
   double metrics_interval_s = 0.5;  // how often worker metrics are polled (0 = always fresh)

@@ -10,7 +10,8 @@
 //     never the prompt's last token (vLLM recomputes at least one token to produce logits).
 //  3. A CPU-tier hit is loaded back before the sequence computes anything: loads share one link and run
 //     alongside steps; the sequence joins the running set when its load ends.
-// A step's effects (computed blocks become cached, tokens are sampled, requests finish) apply when it ends.
+// A step's effects (tokens are sampled, requests finish) apply when it ends. The blocks it computes become
+// prefix-cache hits then too, or when it is scheduled (EngineConfig::prefix_commit, vLLM v1's timing).
 //
 // Step time (architecture section 8, roofline):
 //   compute = 2 x compute_params x tokens / (peak x linear_mfu) + attention FLOPs / (peak x attention_mfu)
@@ -63,6 +64,12 @@ Result<EngineConfig> EngineConfig::make(std::string_view model, std::string_view
   c.model = std::move(m.value());
   c.gpu = std::move(g.value());
   return c;
+}
+
+Result<PrefixCommit> parse_prefix_commit(std::string_view name) {
+  if (name == "step-end") return PrefixCommit::kStepEnd;
+  if (name == "schedule") return PrefixCommit::kSchedule;
+  return make_error("unknown prefix commit '" + std::string(name) + "' (step-end or schedule)");
 }
 
 namespace internal {
@@ -296,6 +303,7 @@ class EngineImpl {
       if (self_preempted) break;
       allocate(s, need, sink);
       planned_.push_back({s, num_new});
+      if (cfg_.prefix_commit == PrefixCommit::kSchedule) register_blocks(s, sink, clock_, s->computed + num_new);
       budget -= num_new;
     }
 
@@ -352,6 +360,7 @@ class EngineImpl {
       s->state = kRunning;
       running_.push_back(s);
       planned_.push_back({s, num_new});
+      if (cfg_.prefix_commit == PrefixCommit::kSchedule) register_blocks(s, sink, clock_, s->computed + num_new);
       budget -= num_new;
     }
 
@@ -363,10 +372,11 @@ class EngineImpl {
     step_end_ = clock_ + step_duration_;
   }
 
-  // Offers the sequence's newly computed full blocks to the cache and reports each run that was stored.
-  void register_blocks(Seq* s, EngineSink& sink, double t) {
+  // Offers the sequence's full blocks within its first `tokens` tokens to the cache (those not offered yet)
+  // and reports each run that was stored.
+  void register_blocks(Seq* s, EngineSink& sink, double t, std::uint32_t tokens) {
     const std::uint32_t full =
-        std::min<std::uint32_t>(s->computed / cfg_.block_tokens, static_cast<std::uint32_t>(s->hashes.size()));
+        std::min<std::uint32_t>(tokens / cfg_.block_tokens, static_cast<std::uint32_t>(s->hashes.size()));
     std::uint32_t run_start = 0, run_len = 0;
     auto flush = [&] {
       if (run_len == 0) return;
@@ -395,7 +405,7 @@ class EngineImpl {
     for (auto it = loading_.begin(); it != loading_.end();) {
       Seq* s = *it;
       if (s->load_done <= clock_) {
-        register_blocks(s, sink, clock_);
+        register_blocks(s, sink, clock_, s->computed);
         s->state = kRunning;
         running_.push_back(s);
         needs_schedule_ = true;
@@ -418,7 +428,7 @@ class EngineImpl {
       const bool decode = s->generated > 0 && s->computed + 1 == s->total();
       if (!decode) stats_.prompt_tokens_computed += p.num_new;
       s->computed += p.num_new;
-      register_blocks(s, sink, t);
+      if (cfg_.prefix_commit == PrefixCommit::kStepEnd) register_blocks(s, sink, t, s->computed);
       if (s->computed < s->total()) continue;  // a prefill chunk that is not the last
       const std::uint32_t index = s->generated;
       if (index == 0) sink.on_first_token(s->id, t, s->cached_tokens, s->prompt_tokens);

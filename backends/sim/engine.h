@@ -51,6 +51,10 @@ inline constexpr double kInfinity = std::numeric_limits<double>::infinity();
 enum class Medium : std::uint8_t { kGpu = 0, kCpu = 1 };
 inline const char* medium_name(Medium m) { return m == Medium::kGpu ? "GPU" : "CPU"; }
 
+enum class PrefixCommit : std::uint8_t { kStepEnd, kSchedule };
+// "step-end" or "schedule"; the error names both.
+Result<PrefixCommit> parse_prefix_commit(std::string_view name);
+
 struct EngineConfig {
   ModelProfile model;
   GpuProfile gpu;
@@ -60,6 +64,11 @@ struct EngineConfig {
   std::uint32_t max_num_seqs = 256;      // vLLM --max-num-seqs default
   std::uint32_t max_batched_tokens = 8192;  // chunked-prefill token budget per step (--max-num-batched-tokens)
   std::optional<std::uint64_t> num_gpu_blocks;  // overrides the sizing formula (like --num-gpu-blocks-override)
+  // When the blocks a step computes become prefix-cache hits for other sequences. kStepEnd: once the step has
+  // run (SGLang inserts a prefill chunk into its radix tree after the chunk's forward pass). kSchedule: as soon
+  // as the step is scheduled (vLLM v1's KVCacheManager.allocate_slots caches the full blocks of the tokens it
+  // schedules, before the forward pass), so a sequence admitted later in the same step already hits them.
+  PrefixCommit prefix_commit = PrefixCommit::kStepEnd;
 
   // CPU tier (KV offloading): 0 bytes disables it. Evicted GPU blocks are copied here; a prefix found here
   // is loaded back over a link of cpu_transfer_bytes_per_s before the request computes the rest.

@@ -53,6 +53,13 @@ TEST(ParseArgs, Errors) {
   ASSERT_TRUE(ok) << ok.error().message;
   EXPECT_EQ(ok->sim.workers, 3u);
   EXPECT_EQ(ok->sweep.size(), 3u);
+  EXPECT_EQ(ok->sim.prefix_commit, sim::PrefixCommit::kStepEnd);
+  auto commit = parse_simulate_args({"--workload", "multi_turn", "--prefix-commit", "schedule"});
+  ASSERT_TRUE(commit) << commit.error().message;
+  EXPECT_EQ(commit->sim.prefix_commit, sim::PrefixCommit::kSchedule);
+  auto bad = parse_simulate_args({"--workload", "multi_turn", "--prefix-commit", "later"});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("--prefix-commit"), std::string::npos) << bad.error().message;
 }
 
 TEST(Simulate, SameSeedSameJson) {
@@ -112,6 +119,24 @@ TEST(Simulate, PrefixAwareBeatsRoundRobinOnSharedPrefixes) {
   const double rr = r->policies[0].hit_rate;
   EXPECT_GT(r->policies[1].hit_rate, rr + 0.05);
   EXPECT_GT(r->policies[2].hit_rate, rr + 0.05);
+}
+
+// Committing blocks when a step is scheduled (vLLM v1) lets requests admitted into the same step as the one
+// computing their prefix hit it: under load, every policy sees at least the hit rate of step-end commits, and
+// round robin (which spreads a group's first requests over workers at once) strictly more.
+TEST(Simulate, ScheduleTimeCommitsGiveSameStepFollowersTheirPrefix) {
+  BenchConfig c = small_config("shared_prefix", 400);
+  c.policies = {"round_robin", "kv_cost"};
+  auto w = load_workload(c);
+  ASSERT_TRUE(w);
+  auto end = run_policies(*w, c, 2.0);
+  c.sim.prefix_commit = sim::PrefixCommit::kSchedule;
+  auto sched = run_policies(*w, c, 2.0);
+  ASSERT_TRUE(end && sched);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_GE(sched->policies[i].hit_rate, end->policies[i].hit_rate) << end->policies[i].name;
+  }
+  EXPECT_GT(sched->policies[0].hit_rate, end->policies[0].hit_rate);
 }
 
 // The debug dump: one CSV per policy run, a header and one line per completed request, with the session's bound

@@ -129,6 +129,30 @@ TEST(Engine, FrontEndDelayThenFirstToken) {
   EXPECT_EQ(e.stats().kv_usage, 0.0);
 }
 
+// Two prompts sharing 200 blocks arrive together and are admitted into the same step. Whether the second hits
+// the first's blocks depends on when the engine commits them: after the step (SGLang) or when the step is
+// scheduled (vLLM v1, whose allocate_slots caches the scheduled blocks before the forward pass).
+TEST(Scheduler, PrefixCommitDecidesWhetherASameStepFollowerHits) {
+  for (const PrefixCommit commit : {PrefixCommit::kStepEnd, PrefixCommit::kSchedule}) {
+    EngineConfig c = EngineConfig::defaults();
+    c.prefix_commit = commit;
+    Engine e(c);
+    MirrorSink s;
+    ASSERT_TRUE(e.submit(request(1, 4096, 2, 0), 0).ok());
+    ASSERT_TRUE(e.submit(request(2, 4096, 2, 2, 200), 0).ok());
+    run_until_idle(e, s);
+    EXPECT_EQ(s.first_token[1], s.first_token[2]) << "both prefills should share one step";
+    EXPECT_EQ(s.cached[2], commit == PrefixCommit::kSchedule ? 200u * 16 : 0u);
+    EXPECT_EQ(s.sorted(s.gpu), e.cached_block_hashes(Medium::kGpu));
+    EXPECT_FALSE(s.time_went_back);
+  }
+  EXPECT_EQ(*parse_prefix_commit("schedule"), PrefixCommit::kSchedule);
+  EXPECT_EQ(*parse_prefix_commit("step-end"), PrefixCommit::kStepEnd);
+  auto bad = parse_prefix_commit("later");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("step-end or schedule"), std::string::npos);
+}
+
 TEST(Scheduler, ChunkedPrefillSplitsALongPromptByTheTokenBudget) {
   EngineConfig c = EngineConfig::defaults();
   c.max_batched_tokens = 8192;
@@ -327,8 +351,10 @@ TEST(Engine, ResetPrefixCacheOnlyWhenIdle) {
 
 // A busy, mixed workload (shared prefixes, a small pool, a CPU tier, preemptions, cancellations): after every
 // call the cache rebuilt from the events equals cached_block_hashes(), and two runs are identical.
-std::string mixed_workload(bool check_mirror, EngineStats* out = nullptr) {
+std::string mixed_workload(bool check_mirror, EngineStats* out = nullptr,
+                           PrefixCommit commit = PrefixCommit::kStepEnd) {
   EngineConfig c = small_config(600);
+  c.prefix_commit = commit;
   c.cpu_tier_bytes = 300.0 * 16 * c.model.kv_bytes_per_token();
   c.max_batched_tokens = 2048;
   Engine e(c);
@@ -364,17 +390,19 @@ std::string mixed_workload(bool check_mirror, EngineStats* out = nullptr) {
 }
 
 TEST(KvEvents, ApplyingTheEventsReproducesTheCache) {
-  EngineStats st;
-  mixed_workload(true, &st);
-  // The workload really exercised what it claims to.
-  EXPECT_GT(st.gpu_evictions, 0u);
-  EXPECT_GT(st.cpu_evictions, 0u);
-  EXPECT_GT(st.cpu_cache_hits, 0u);
-  EXPECT_GT(st.prefix_cache_hits, 0u);
-  EXPECT_GT(st.preemptions, 0u);
-  EXPECT_GT(st.requests_cancelled, 0u);
-  EXPECT_EQ(st.running, 0u);
-  EXPECT_EQ(st.waiting, 0u);
+  for (const PrefixCommit commit : {PrefixCommit::kStepEnd, PrefixCommit::kSchedule}) {
+    EngineStats st;
+    mixed_workload(true, &st, commit);
+    // The workload really exercised what it claims to.
+    EXPECT_GT(st.gpu_evictions, 0u);
+    EXPECT_GT(st.cpu_evictions, 0u);
+    EXPECT_GT(st.cpu_cache_hits, 0u);
+    EXPECT_GT(st.prefix_cache_hits, 0u);
+    EXPECT_GT(st.preemptions, 0u);
+    EXPECT_GT(st.requests_cancelled, 0u);
+    EXPECT_EQ(st.running, 0u);
+    EXPECT_EQ(st.waiting, 0u);
+  }
 }
 
 TEST(Engine, Deterministic) { EXPECT_EQ(mixed_workload(false), mixed_workload(false)); }

@@ -418,11 +418,14 @@ TEST(SimServerCliTest, BadFlagsExitWithStatus2) {
   EXPECT_EQ(run_sim({"--port", "http"}), 2);
   EXPECT_EQ(run_sim({"--speed", "0"}), 2);
   EXPECT_EQ(run_sim({"--kv-events-encoding", "json"}), 2);
+  out.clear();
+  EXPECT_EQ(run_sim({"--prefix-commit", "later"}, &out), 2);
+  EXPECT_NE(out.find("step-end or schedule"), std::string::npos) << out;
   EXPECT_EQ(run_sim({"--model", "no-such-model"}), 2);
   out.clear();
   EXPECT_EQ(run_sim({"--help"}, &out), 0);
   for (const char* flag : {"--host", "--port", "--workers", "--model", "--model-config", "--gpu", "--cpu-tier-gb",
-                           "--speed", "--num-gpu-blocks", "--max-num-seqs", "--kv-events-port",
+                           "--prefix-commit", "--speed", "--num-gpu-blocks", "--max-num-seqs", "--kv-events-port",
                            "--kv-events-encoding", "--seed", "--served-model-name"}) {
     EXPECT_NE(out.find(flag), std::string::npos) << flag;
   }

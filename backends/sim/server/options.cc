@@ -23,6 +23,8 @@ flags (--flag VALUE or --flag=VALUE):
   --model-config FILE         Hugging Face config.json describing the model (overrides --model's shape)
   --gpu NAME                  built-in GPU profile (default h100-80gb; also h200-141gb, a100-80gb, l4)
   --cpu-tier-gb X             size of the CPU KV tier in GB (default 0 = none)
+  --prefix-commit WHEN        when a step's computed blocks become prefix-cache hits: step-end (after the
+                              step, as SGLang) or schedule (when it is scheduled, as vLLM v1) (default step-end)
   --speed N                   run N times faster than real time: every simulated duration is divided by N
                               (default 1)
   --num-gpu-blocks N          override the GPU KV pool size in 16-token blocks (small pools for tests)
@@ -94,9 +96,9 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
     if (!flag.starts_with("--")) return make_error("unexpected argument '" + std::string(flag) + "' (see --help)");
     static constexpr std::string_view kKnown[] = {
         "--host", "--port", "--workers", "--model", "--served-model-name", "--model-config", "--gpu",
-        "--cpu-tier-gb", "--speed", "--num-gpu-blocks", "--max-num-seqs", "--max-model-len", "--kv-events-port",
-        "--kv-events-replay-port", "--kv-events-format", "--kv-events-encoding", "--kv-events-topic",
-        "--kv-events-load-interval", "--seed", "--max-body-bytes", "--idle-timeout"};
+        "--cpu-tier-gb", "--prefix-commit", "--speed", "--num-gpu-blocks", "--max-num-seqs", "--max-model-len",
+        "--kv-events-port", "--kv-events-replay-port", "--kv-events-format", "--kv-events-encoding",
+        "--kv-events-topic", "--kv-events-load-interval", "--seed", "--max-body-bytes", "--idle-timeout"};
     if (std::find(std::begin(kKnown), std::end(kKnown), flag) == std::end(kKnown)) {
       return make_error("unknown flag '" + std::string(flag) + "' (see --help)");
     }
@@ -131,6 +133,10 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
       auto r = parse_double(flag, value, 0);
       if (!r) return r.error();
       o.cpu_tier_gb = *r;
+    } else if (flag == "--prefix-commit") {
+      auto r = parse_prefix_commit(value);
+      if (!r) return make_error("--prefix-commit: " + r.error().message);
+      o.prefix_commit = *r;
     } else if (flag == "--speed") {
       auto r = parse_double(flag, value, 1e-6);
       if (!r) return r.error();

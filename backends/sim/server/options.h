@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/sim/engine.h"
 #include "backends/sim/server/kv_events.h"
 #include "util/result.h"
 
@@ -32,6 +33,7 @@ struct SimServerOptions {
   std::string model_config;            // path of a Hugging Face config.json; overrides --model's shape
   std::string gpu = "h100-80gb";
   double cpu_tier_gb = 0;
+  PrefixCommit prefix_commit = PrefixCommit::kStepEnd;  // when computed blocks become hits (engine.h)
   double speed = 1.0;                  // engine seconds per wall second
   std::optional<std::uint64_t> num_gpu_blocks;
   std::optional<int> max_num_seqs;

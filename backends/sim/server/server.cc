@@ -44,6 +44,7 @@ Result<EngineConfig> engine_config_from(const SimServerOptions& o) {
   if (o.num_gpu_blocks) c.num_gpu_blocks = *o.num_gpu_blocks;
   if (o.max_num_seqs) c.max_num_seqs = static_cast<std::uint32_t>(*o.max_num_seqs);
   c.cpu_tier_bytes = o.cpu_tier_gb * 1e9;
+  c.prefix_commit = o.prefix_commit;
   return c;
 }
 
