@@ -10,11 +10,14 @@
 # synthetic_trace.jsonl from https://github.com/kvcache-ai/Mooncake, folder FAST25-release/traces); without
 # it only the generators run. OUT_DIR (default bench-results) receives one JSON file and one plot folder per
 # workload and the tables as text. BUILD_DIR (default build-bench) is the CMake build directory used.
+# PREFIX_COMMIT (default step-end) is passed to every simulation as --prefix-commit: schedule gives the
+# figures docs/benchmarks.md quotes for vLLM's commit timing.
 set -euo pipefail
 
 TRACE_DIR="${1:-}"
 OUT_DIR="${2:-bench-results}"
 BUILD_DIR="${BUILD_DIR:-build-bench}"
+PREFIX_COMMIT="${PREFIX_COMMIT:-step-end}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 
@@ -27,7 +30,7 @@ run() {  # [SEED=N] run NAME ARGS...: three loads around the knee, every policy,
   local name="$1"; shift
   echo "== $name" >&2
   "$BENCH" simulate "$@" --knee 5 --workers 8 --model qwen3-8b --gpu h100-80gb --seed "${SEED:-1}" \
-    --json "$OUT_DIR/$name.json" --plots "$OUT_DIR/$name" | tee "$OUT_DIR/$name.txt"
+    --prefix-commit "$PREFIX_COMMIT" --json "$OUT_DIR/$name.json" --plots "$OUT_DIR/$name" | tee "$OUT_DIR/$name.txt"
 }
 
 if [[ -n "$TRACE_DIR" ]]; then
@@ -41,7 +44,8 @@ if [[ -n "$TRACE_DIR" ]]; then
   # Performance: the whole conversation trace, all ten policies, at the trace's own pace.
   echo "== timing: conversation_trace, all policies, rate scale 1" >&2
   /usr/bin/time -f "%e s wall, %U s user, %M KiB max RSS" "$BENCH" simulate \
-    --trace "$TRACE_DIR/conversation_trace.jsonl" --no-progress > "$OUT_DIR/conversation_trace_timing.txt"
+    --trace "$TRACE_DIR/conversation_trace.jsonl" --prefix-commit "$PREFIX_COMMIT" --no-progress \
+    > "$OUT_DIR/conversation_trace_timing.txt"
 fi
 
 for workload in shared_prefix multi_turn tenants zipf_tools; do
@@ -59,6 +63,7 @@ done
 for seed in 2 3 4 5; do
   echo "== multi_turn, rate scale 1.6, seed $seed" >&2
   "$BENCH" simulate --workload multi_turn --rate-scale 1.6 --workers 8 --model qwen3-8b --gpu h100-80gb \
-    --seed "$seed" --no-progress --json "$OUT_DIR/multi_turn_1.6_seed$seed.json" | tee "$OUT_DIR/multi_turn_1.6_seed$seed.txt"
+    --seed "$seed" --prefix-commit "$PREFIX_COMMIT" --no-progress --json "$OUT_DIR/multi_turn_1.6_seed$seed.json" \
+    | tee "$OUT_DIR/multi_turn_1.6_seed$seed.txt"
 done
 echo "results in $OUT_DIR" >&2

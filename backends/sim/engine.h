@@ -65,7 +65,8 @@ struct EngineConfig {
   std::uint32_t max_batched_tokens = 8192;  // chunked-prefill token budget per step (--max-num-batched-tokens)
   std::optional<std::uint64_t> num_gpu_blocks;  // overrides the sizing formula (like --num-gpu-blocks-override)
   // When the blocks a step computes become prefix-cache hits for other sequences. kStepEnd: once the step has
-  // run (SGLang inserts a prefill chunk into its radix tree after the chunk's forward pass). kSchedule: as soon
+  // run (SGLang inserts a prefill chunk into its radix tree after the chunk's forward pass; only its non-default
+  // LPM schedule holds back a waiting request whose prefix another waiting one will compute). kSchedule: as soon
   // as the step is scheduled (vLLM v1's KVCacheManager.allocate_slots caches the full blocks of the tokens it
   // schedules, before the forward pass), so a sequence admitted later in the same step already hits them.
   PrefixCommit prefix_commit = PrefixCommit::kStepEnd;
