@@ -395,6 +395,32 @@ TEST(SimServerProcessTest, CpuTierKeepsEvictedBlocks) {
   EXPECT_GE(cached_tokens(parse(again.body)), 48);
 }
 
+// --prefix-commit through the real process: a 30,000-token leader prefills in four chunks (8,192 tokens each, then
+// 5,424); a follower sharing all of it arrives while the first chunks run, so it can only be admitted into the
+// leader's last step, next to its final chunk. Committing at step end (the default), the follower finds the first
+// three chunks; committing at schedule time (vLLM v1), it finds all of the leader's blocks.
+TEST(SimServerProcessTest, PrefixCommitDecidesWhatAFollowerInTheLeadersLastStepFinds) {
+  auto body = [](int extra) {
+    json::array ids;
+    for (int i = 0; i < 30000; ++i) ids.push_back(1000 + i % 50000);
+    for (int i = 0; i < extra; ++i) ids.push_back(60000 + i);
+    return json::serialize(json::object{{"prompt", ids}, {"max_tokens", 1}});
+  };
+  for (const std::string commit : {"step-end", "schedule"}) {
+    SimProcess sim({"--speed", "1", "--prefix-commit", commit, "--max-body-bytes", "1000000"});
+    ASSERT_TRUE(sim.ready()) << commit;
+    HttpReply leader;
+    std::thread t([&] { leader = http_call(sim.port(), "POST", "/v1/completions", body(0)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    HttpReply follower = http_call(sim.port(), "POST", "/v1/completions", body(16));
+    t.join();
+    ASSERT_EQ(leader.status, 200) << leader.body;
+    ASSERT_EQ(follower.status, 200) << follower.body;
+    EXPECT_EQ(cached_tokens(parse(leader.body)), 0);
+    EXPECT_EQ(cached_tokens(parse(follower.body)), commit == "schedule" ? 30000 : 3 * 8192) << commit;
+  }
+}
+
 int run_sim(std::vector<std::string> args, std::string* out = nullptr) {
   const char* dir = std::getenv("KVROUTE_BIN_DIR");
   std::string cmd = std::string(dir ? dir : "bin") + "/kvroute-sim";
