@@ -462,26 +462,36 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   void read_upstream_body() {
     if (up_parser_->is_done()) return relay_piece(0, true);
     beast::error_code perr;
-    const std::size_t got = parse_buffered(perr);  // also points the body at relay_ for the read below
-    if (perr) return on_upstream_body(perr, 0);
+    const std::size_t got = parse_buffered(perr);
+    if (perr) return upstream_broke_off(perr);
     if (got > 0 || up_parser_->is_done()) return relay_piece(got, up_parser_->is_done());
-    http::async_read_some(*lease_.stream, up_buffer_, *up_parser_,
-                          asio::bind_executor(stream_.get_executor(),
-                                              beast::bind_front_handler(&ApiSession::on_upstream_body, shared_from_this())));
+    // Plain socket reads, parsed here: Beast's read_some on an eager parser goes back to the socket whenever
+    // the input ends at a chunk boundary (need_more), so each SSE event waited for the next, and a stream
+    // reached the client only in 16 KB pieces or at its end.
+    lease_.stream->async_read_some(up_buffer_.prepare(kRelayChunk),
+                                   asio::bind_executor(stream_.get_executor(),
+                                                       beast::bind_front_handler(&ApiSession::on_upstream_bytes,
+                                                                                 shared_from_this())));
   }
 
-  void on_upstream_body(beast::error_code ec, std::size_t) {
+  void on_upstream_bytes(beast::error_code ec, std::size_t n) {
     if (!lease_.stream) return;
-    if (ec == http::error::need_buffer) ec = {};
-    if (ec) {
-      // The head is already out: the client can only learn of the failure by the connection closing.
-      LOG_WARN("request " << request_id_ << ": worker " << worker_->name() << " broke off the response: " << ec.message());
-      close_after_ = true;
-      finish(false, false);
-      return do_close();
+    up_buffer_.commit(n);
+    if (ec == asio::error::eof) {
+      // A body delimited by the end of the connection (no length, not chunked) is complete now; any other is cut.
+      up_parser_->put_eof(ec);
+      if (!ec && up_parser_->is_done()) return relay_piece(0, true);
     }
-    const std::size_t got = relay_.size() - up_parser_->get().body().size;
-    relay_piece(got, up_parser_->is_done());
+    if (ec) return upstream_broke_off(ec);
+    read_upstream_body();
+  }
+
+  // The head is already out: the client can only learn of the failure by the connection closing.
+  void upstream_broke_off(beast::error_code ec) {
+    LOG_WARN("request " << request_id_ << ": worker " << worker_->name() << " broke off the response: " << ec.message());
+    close_after_ = true;
+    finish(false, false);
+    do_close();
   }
 
   void relay_piece(std::size_t got, bool last) {

@@ -158,8 +158,11 @@ TEST(RouterE2E, StreamingIsIncrementalAndByteIdentical) {
     EXPECT_FALSE(routed.header("x-kvroute-worker").empty());
     EXPECT_NE(routed.header("content-type").find("text/event-stream"), std::string::npos);
     ASSERT_GE(arrivals.size(), 5u);
-    // 40 tokens at real speed take a few hundred ms to decode: the first piece must come well before the last.
+    // 40 tokens at real speed take ~0.3 s to decode, one event every ~7 ms: the first piece must come well
+    // before the last, and so must the middle one (a relay that held the events back and passed them on
+    // together, at the end or in 16 KB pieces, delivers the middle piece with the last).
     EXPECT_GT(arrivals.back() - arrivals.front(), 150ms);
+    EXPECT_GT(arrivals.back() - arrivals[arrivals.size() / 2], 80ms);
     EXPECT_NE(routed.body.find("data: [DONE]"), std::string::npos);
     // The router asked the worker for usage; the client, which did not, must not see it.
     EXPECT_EQ(routed.body.find("\"usage\""), std::string::npos);
@@ -254,6 +257,38 @@ TEST(RouterE2E, LongStreamsSurviveIdleTimeoutAndDisconnectsCancel) {
   EXPECT_EQ(line.substr(line.rfind(' ') + 1), "1") << line;
   // The router noticed too, and the worker is free again.
   EXPECT_EQ(json::parse(http(fleet.admin(), "GET", "/admin/workers").body).at("workers").at(0).at("in_flight").as_int64(), 0);
+}
+
+// A stream that would outlast --request-timeout (a 400-token answer from a worker at a fifth of real speed,
+// ~14 s) is cut there: the head is already out, so the client sees the stream end without [DONE]; kvroute
+// drops the upstream connection, so the worker cancels the request; and the next request is served.
+TEST(RouterE2E, StreamsEndAtTheRequestTimeoutAndServingContinues) {
+  Fleet fleet(1, {"--request-timeout", "1.5"}, /*speed=*/0.2);
+  json::array messages;
+  messages.push_back(json::object{{"role", "user"}, {"content", "Write a very long story."}});
+  std::size_t pieces = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = http_stream(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 400, true), {},
+                       [&](const std::string&, auto) { ++pieces; });
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(r.status, 200) << r.error;
+  EXPECT_GT(pieces, 1u) << r.body << " / " << r.error;
+  EXPECT_EQ(r.body.find("data: [DONE]"), std::string::npos);
+  EXPECT_GE(elapsed, 1400ms);
+  EXPECT_LT(elapsed, 5s);
+  double cancelled = -1;
+  for (int i = 0; i < 50 && cancelled < 1; ++i) {
+    const std::string m = http(fleet.worker_port(0), "GET", "/metrics").body;
+    const auto pos = m.find("kvroute_sim:requests_cancelled_total");
+    if (pos != std::string::npos) {
+      const auto line = m.substr(pos, m.find('\n', pos) - pos);
+      cancelled = std::stod(line.substr(line.rfind(' ') + 1));
+    }
+    if (cancelled < 1) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(cancelled, 1);
+  auto next = http(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 2, false));
+  EXPECT_EQ(next.status, 200) << next.body;
 }
 
 TEST(RouterE2E, SessionHeaderBindsToOneWorker) {
