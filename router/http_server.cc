@@ -12,6 +12,7 @@
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -363,7 +364,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   void on_connect(beast::error_code ec, backends::UpstreamPool::Lease lease) {
     if (ec) return upstream_failed("cannot connect to worker " + worker_->name() + ": " + ec.message(), false);
     lease_ = std::move(lease);
-    lease_.stream->expires_after(seconds(svc_.config.request_timeout_s));
+    exchange_deadline_ = std::chrono::steady_clock::now() + seconds(svc_.config.request_timeout_s);
+    lease_.stream->expires_at(exchange_deadline_);
     watch_client();
     Pieces out;
     out.add(up_head_.data(), up_head_.size());
@@ -427,8 +429,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     head_pending_ = true;
     down_last_ = false;
     tail_.clear();
-    // A long stream is bounded by the request deadline, not by the idle timeout set when reading the request.
-    stream_.expires_after(seconds(svc_.config.request_timeout_s));
+    // The body is relayed on the plain sockets (tcp_stream arms its timer on every operation): one timer
+    // holds the exchange's deadline, which also bounds a long stream (not the client's idle timeout).
+    deadline_.expires_at(exchange_deadline_);
+    deadline_.async_wait(beast::bind_front_handler(&ApiSession::on_deadline, shared_from_this(), generation_));
     // Eager: one read passes on every chunk it brought (an SSE stream is a chunk per event), not one chunk.
     up_parser_->eager(true);
     // Body bytes that came with the head go out with it in one write; otherwise the head goes out alone now.
@@ -468,7 +472,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     // Plain socket reads, parsed here: Beast's read_some on an eager parser goes back to the socket whenever
     // the input ends at a chunk boundary (need_more), so each SSE event waited for the next, and a stream
     // reached the client only in 16 KB pieces or at its end.
-    lease_.stream->async_read_some(up_buffer_.prepare(kRelayChunk),
+    lease_.stream->socket().async_read_some(up_buffer_.prepare(kRelayChunk),
                                    asio::bind_executor(stream_.get_executor(),
                                                        beast::bind_front_handler(&ApiSession::on_upstream_bytes,
                                                                                  shared_from_this())));
@@ -484,6 +488,17 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     }
     if (ec) return upstream_broke_off(ec);
     read_upstream_body();
+  }
+
+  // The exchange outlived --request-timeout while relaying the body: both connections close, as a timed-out
+  // tcp_stream operation would have closed them.
+  void on_deadline(std::uint64_t gen, beast::error_code ec) {
+    if (ec || gen != generation_ || !lease_.stream) return;
+    orphan_ = lease_.stream;  // outlives the upstream read still completing after the close
+    beast::error_code ignored;
+    lease_.stream->socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lease_.stream->socket().close(ignored);
+    upstream_broke_off(beast::error::timeout);
   }
 
   // The head is already out: the client can only learn of the failure by the connection closing.
@@ -532,7 +547,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       out.add(data, size);
     }
     down_last_ = last;
-    asio::async_write(stream_, out, beast::bind_front_handler(&ApiSession::on_down_written, shared_from_this()));
+    asio::async_write(stream_.socket(), out,
+                      beast::bind_front_handler(&ApiSession::on_down_written, shared_from_this()));
   }
 
   void on_down_written(beast::error_code ec, std::size_t) {
@@ -556,6 +572,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   // Ends the exchange once: releases the upstream connection and tells the router how it went.
   void finish(bool ok, bool reusable) {
     ++generation_;
+    deadline_.cancel();
     beast::error_code ignored;
     if (lease_.stream) {
       lease_.stream->expires_never();
@@ -818,6 +835,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   std::string_view up_body_view_;  // its body: up_body_ or req_'s
   backends::UpstreamPool::Lease lease_;
   std::shared_ptr<beast::tcp_stream> orphan_;  // the upstream connection client_gone() closed
+  std::chrono::steady_clock::time_point exchange_deadline_;  // --request-timeout from the worker's connection
+  asio::steady_timer deadline_{stream_.get_executor()};       // that deadline while the body is relayed
   bool retried_ = false;
   beast::flat_buffer up_buffer_;
   std::optional<http::response_parser<http::buffer_body>> up_parser_;
