@@ -472,10 +472,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     // Plain socket reads, parsed here: Beast's read_some on an eager parser goes back to the socket whenever
     // the input ends at a chunk boundary (need_more), so each SSE event waited for the next, and a stream
     // reached the client only in 16 KB pieces or at its end.
-    lease_.stream->socket().async_read_some(up_buffer_.prepare(kRelayChunk),
-                                   asio::bind_executor(stream_.get_executor(),
-                                                       beast::bind_front_handler(&ApiSession::on_upstream_bytes,
-                                                                                 shared_from_this())));
+    lease_.stream->socket().async_read_some(
+        up_buffer_.prepare(kRelayChunk),
+        asio::bind_executor(stream_.get_executor(),
+                            beast::bind_front_handler(&ApiSession::on_upstream_bytes, shared_from_this())));
   }
 
   void on_upstream_bytes(beast::error_code ec, std::size_t n) {
