@@ -277,6 +277,13 @@ class EngineImpl {
     if (n > 0) pool_.allocate(n, s->blocks, sink, clock_);
   }
 
+  // Puts `num_new` tokens of the sequence into the step being scheduled; with schedule-time commits their
+  // full blocks become prefix-cache hits now, for sequences admitted after it.
+  void plan(Seq* s, std::uint32_t num_new, EngineSink& sink) {
+    planned_.push_back({s, num_new});
+    if (cfg_.prefix_commit == PrefixCommit::kSchedule) register_blocks(s, sink, clock_, s->computed + num_new);
+  }
+
   void start_step(EngineSink& sink) {
     needs_schedule_ = false;
     planned_.clear();
@@ -302,8 +309,7 @@ class EngineImpl {
       }
       if (self_preempted) break;
       allocate(s, need, sink);
-      planned_.push_back({s, num_new});
-      if (cfg_.prefix_commit == PrefixCommit::kSchedule) register_blocks(s, sink, clock_, s->computed + num_new);
+      plan(s, num_new, sink);
       budget -= num_new;
     }
 
@@ -359,8 +365,7 @@ class EngineImpl {
       }
       s->state = kRunning;
       running_.push_back(s);
-      planned_.push_back({s, num_new});
-      if (cfg_.prefix_commit == PrefixCommit::kSchedule) register_blocks(s, sink, clock_, s->computed + num_new);
+      plan(s, num_new, sink);
       budget -= num_new;
     }
 
