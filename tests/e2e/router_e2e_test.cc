@@ -37,6 +37,15 @@ std::string chat_body(const json::array& messages, int max_tokens, bool stream =
   return json::serialize(o);
 }
 
+// kvroute_sim:requests_cancelled_total of the worker on `port`, -1 when the line is missing.
+double cancelled_requests(int port) {
+  const std::string m = http(port, "GET", "/metrics").body;
+  const auto pos = m.find("kvroute_sim:requests_cancelled_total");
+  if (pos == std::string::npos) return -1;
+  const auto line = m.substr(pos, m.find('\n', pos) - pos);
+  return std::stod(line.substr(line.rfind(' ') + 1));
+}
+
 // A fleet: `n` kvroute-sim workers (one process each, so one can be killed) behind one kvroute.
 class Fleet {
  public:
@@ -250,11 +259,7 @@ TEST(RouterE2E, LongStreamsSurviveIdleTimeoutAndDisconnectsCancel) {
                               "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   raw_exchange(fleet.api(), request, 700ms);  // reads for 0.7 s, then closes
   std::this_thread::sleep_for(500ms);
-  const std::string m = http(fleet.worker_port(0), "GET", "/metrics").body;
-  const auto pos = m.find("kvroute_sim:requests_cancelled_total");
-  ASSERT_NE(pos, std::string::npos);
-  const auto line = m.substr(pos, m.find('\n', pos) - pos);
-  EXPECT_EQ(line.substr(line.rfind(' ') + 1), "1") << line;
+  EXPECT_EQ(cancelled_requests(fleet.worker_port(0)), 1);
   // The router noticed too, and the worker is free again.
   EXPECT_EQ(json::parse(http(fleet.admin(), "GET", "/admin/workers").body).at("workers").at(0).at("in_flight").as_int64(), 0);
 }
@@ -276,15 +281,10 @@ TEST(RouterE2E, StreamsEndAtTheRequestTimeoutAndServingContinues) {
   EXPECT_EQ(r.body.find("data: [DONE]"), std::string::npos);
   EXPECT_GE(elapsed, 1400ms);
   EXPECT_LT(elapsed, 5s);
-  double cancelled = -1;
+  double cancelled = cancelled_requests(fleet.worker_port(0));
   for (int i = 0; i < 50 && cancelled < 1; ++i) {
-    const std::string m = http(fleet.worker_port(0), "GET", "/metrics").body;
-    const auto pos = m.find("kvroute_sim:requests_cancelled_total");
-    if (pos != std::string::npos) {
-      const auto line = m.substr(pos, m.find('\n', pos) - pos);
-      cancelled = std::stod(line.substr(line.rfind(' ') + 1));
-    }
-    if (cancelled < 1) std::this_thread::sleep_for(100ms);
+    std::this_thread::sleep_for(100ms);
+    cancelled = cancelled_requests(fleet.worker_port(0));
   }
   EXPECT_EQ(cancelled, 1);
   auto next = http(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 2, false));
