@@ -1,5 +1,7 @@
 #include "router/request.h"
 
+#include <array>
+
 #include <boost/json.hpp>
 
 #define XXH_INLINE_ALL
@@ -72,8 +74,12 @@ std::string error_json(const Error& e) {
 
 Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, const RequestHeaders& headers,
                                       const ParseOptions& options) {
+  // The document lives only during this call: its nodes come from a per-thread arena, the heap only past it
+  // (an 8K-token chat request parses in 8.5 µs instead of 9.6; docs/overhead.md).
+  thread_local std::array<unsigned char, 32 * 1024> arena;
+  json::monotonic_resource resource(arena.data(), arena.size());
   boost::system::error_code ec;
-  json::value doc = json::parse(body, ec);
+  json::value doc = json::parse(body, ec, json::storage_ptr(&resource));
   if (ec) return make_error("request body is not valid JSON: " + ec.message(), 400, "invalid_request_error", "invalid_json");
   const json::object* obj = doc.if_object();
   if (!obj) return make_error("request body must be a JSON object", 400, "invalid_request_error", "invalid_json");

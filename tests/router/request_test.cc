@@ -60,6 +60,33 @@ TEST(Request, TokenIdPrompts) {
   EXPECT_EQ(batch->chain.hashes, r->chain.hashes);
 }
 
+// The document is built in a per-thread arena and spills to the heap past it: a body far larger than the
+// arena, parsed between small ones, must give the same chain as the same text as a completion prompt.
+TEST(Request, BodiesLargerThanTheParseArena) {
+  std::string messages;
+  std::string text;
+  for (int i = 0; i < 400; ++i) {
+    const std::string piece = "turn " + std::to_string(i) + " " + std::string(500, static_cast<char>('a' + i % 26));
+    messages += std::string(i ? "," : "") + R"({"role":"user","content":")" + piece + R"("})";
+  }
+  const std::string body = R"({"model":"m","stream":true,"messages":[)" + messages + "]}";
+  ASSERT_GT(body.size(), 200'000u);
+  auto small = chat(R"({"model":"m","messages":[{"role":"user","content":"x"}]})");
+  auto big = chat(body);
+  auto again = chat(body);
+  ASSERT_TRUE(small && big && again) << (big ? "" : big.error().message);
+  EXPECT_EQ(big->chain.hashes, again->chain.hashes);
+  EXPECT_GT(big->chain.hashes.size(), 3000u);
+  // The streamed request is rewritten to ask for usage: the rewrite serializes the arena-backed document.
+  ASSERT_TRUE(big->strip_usage);
+  const boost::json::value up = boost::json::parse(big->upstream_body);
+  EXPECT_EQ(up.at("messages").as_array().size(), 400u);
+  EXPECT_EQ(up.at("stream_options").at("include_usage"), true);
+  auto after = chat(R"({"model":"m","messages":[{"role":"user","content":"x"}]})");
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->chain.hashes, small->chain.hashes);
+}
+
 TEST(Request, BadInputGetsFieldNamedErrors) {
   struct Case {
     Endpoint ep;
