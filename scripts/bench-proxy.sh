@@ -67,7 +67,11 @@ trap 'exit 130' INT TERM
 
 # ---- free ports -------------------------------------------------------------------------------------------
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-NEXT_PORT=$((20000 + RANDOM % 30000))
+# Listen ports come from below the kernel's ephemeral range: right after a run thousands of ports of that
+# range are still held by the closed connections (TIME_WAIT), and a server that picks one cannot bind it.
+EPHEMERAL_LOW="$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)"
+((EPHEMERAL_LOW > 12000)) || EPHEMERAL_LOW=32768
+NEXT_PORT=$((10000 + RANDOM % (EPHEMERAL_LOW - 11000)))
 free_port() {  # free_port COUNT: sets PORT to the first of COUNT consecutive free ports
   local count="$1" p ok i
   for ((p = NEXT_PORT; p < 65000; p += count)); do
