@@ -67,8 +67,9 @@ trap 'exit 130' INT TERM
 
 # ---- free ports -------------------------------------------------------------------------------------------
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# Listen ports come from below the kernel's ephemeral range: right after a run thousands of ports of that
-# range are still held by the closed connections (TIME_WAIT), and a server that picks one cannot bind it.
+# Listen ports come from below the kernel's ephemeral range: ports of that range are taken by client-side
+# connections (wrk's, the proxies' upstream ones, and those of a previous run still closing), which the probe
+# below cannot see, and a server that picks one cannot bind it (two runs in a row failed so).
 EPHEMERAL_LOW="$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)"
 ((EPHEMERAL_LOW > 12000)) || EPHEMERAL_LOW=32768
 NEXT_PORT=$((10000 + RANDOM % (EPHEMERAL_LOW - 11000)))
