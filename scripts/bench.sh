@@ -2,7 +2,8 @@
 # Reproduces every number in docs/benchmarks.md: the fleet simulation of all ten routing policies on the two
 # Mooncake traces and on the four built-in generators, each at three loads around the knee where
 # round_robin's mean TTFT reaches 5x its unloaded TTFT; the timing of the whole conversation trace; the
-# generators under a second seed; and the saturated multi_turn cell under four more seeds.
+# generators under a second seed; the saturated multi_turn cell and the shared_prefix cell at 0.75x the knee
+# under four more seeds.
 #
 #   scripts/bench.sh TRACE_DIR [OUT_DIR]
 #
@@ -65,5 +66,12 @@ for seed in 2 3 4 5; do
   "$BENCH" simulate --workload multi_turn --rate-scale 1.6 --workers 8 --model qwen3-8b --gpu h100-80gb \
     --seed "$seed" --prefix-commit "$PREFIX_COMMIT" --no-progress --json "$OUT_DIR/multi_turn_1.6_seed$seed.json" \
     | tee "$OUT_DIR/multi_turn_1.6_seed$seed.txt"
+done
+# The shared_prefix cell kv_cost misses (p99 at rate scale 0.61, 0.75x the seed-1 knee), seeds 2-5 likewise.
+for seed in 2 3 4 5; do
+  echo "== shared_prefix, rate scale 0.61, seed $seed" >&2
+  "$BENCH" simulate --workload shared_prefix --rate-scale 0.61 --workers 8 --model qwen3-8b --gpu h100-80gb \
+    --seed "$seed" --prefix-commit "$PREFIX_COMMIT" --no-progress --json "$OUT_DIR/shared_prefix_0.61_seed$seed.json" \
+    | tee "$OUT_DIR/shared_prefix_0.61_seed$seed.txt"
 done
 echo "results in $OUT_DIR" >&2
