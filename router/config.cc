@@ -114,7 +114,7 @@ const std::vector<Option>& options() {
       {"threads", "N", "I/O threads (default 0: one per core)", INT_OPT(int, threads, 0, 256)},
       {"max-body-bytes", "N", "largest request body accepted (default 8388608); larger gets 413",
        INT_OPT(std::uint64_t, max_body_bytes, 1024, 1ull << 32)},
-      {"request-timeout", "SECONDS", "deadline of one upstream exchange, streaming included (default 600)",
+      {"request-timeout", "SECONDS", "deadline of one upstream exchange, streaming included; unanswered by then: 504 (default 600)",
        DOUBLE_OPT(request_timeout_s, 0.001, 86400)},
       {"connect-timeout", "SECONDS", "deadline to connect to a worker (default 2)", DOUBLE_OPT(connect_timeout_s, 0.001, 600)},
       {"client-idle-timeout", "SECONDS", "close an idle client connection after this long (default 60)",

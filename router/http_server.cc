@@ -37,10 +37,17 @@ namespace {
 
 constexpr std::size_t kHeaderLimit = 64 * 1024;
 constexpr std::size_t kRelayChunk = 16 * 1024;
+constexpr std::size_t kClientReadChunk = 16 * 1024;
 constexpr std::size_t kUsageTail = 16 * 1024;  // bytes of the response end kept to read `usage` from
 
 std::chrono::steady_clock::duration seconds(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+std::string fmt_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", s);
+  return buf;
 }
 
 std::string new_request_id() {
@@ -177,15 +184,61 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
 
  private:
   // ---- reading requests ----
+  // A request is read with plain socket reads and parsed here (Beast's composed read costs several layers of
+  // handlers per request). --client-idle-timeout bounds the whole read, from do_read on.
   void do_read() {
     parser_.emplace();
     parser_->header_limit(kHeaderLimit);
     parser_->body_limit(svc_.config.max_body_bytes);
-    stream_.expires_after(seconds(svc_.config.client_idle_timeout_s));
-    http::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&ApiSession::on_read, shared_from_this()));
+    parser_->eager(true);
+    reading_ = true;
+    idle_at_ = std::chrono::steady_clock::now() + seconds(svc_.config.client_idle_timeout_s);
+    if (!idle_armed_) arm_idle();
+    read_request();
+  }
+
+  void read_request() {
+    beast::error_code ec;
+    while (buffer_.size() > 0 && !parser_->is_done()) {
+      const std::size_t n = parser_->put(buffer_.data(), ec);
+      buffer_.consume(n);
+      if (ec == http::error::need_more) {
+        ec = {};
+        break;
+      }
+      if (ec || n == 0) break;
+    }
+    if (ec || parser_->is_done()) return on_read(ec, 0);
+    stream_.socket().async_read_some(buffer_.prepare(kClientReadChunk),
+                                     beast::bind_front_handler(&ApiSession::on_client_bytes, shared_from_this()));
+  }
+
+  void on_client_bytes(beast::error_code ec, std::size_t n) {
+    buffer_.commit(n);
+    if (ec) return on_read(ec, 0);
+    read_request();
+  }
+
+  // The idle timeout: one timer per connection, re-armed only when it fires (a request costs a clock read,
+  // not a timer operation). It closes the connection when a read has been under way past idle_at_; the
+  // pending read then fails and the session ends. It holds the session weakly, so it never keeps one alive.
+  void arm_idle() {
+    idle_armed_ = true;
+    idle_timer_.expires_at(idle_at_);
+    idle_timer_.async_wait([weak = weak_from_this()](beast::error_code ec) {
+      if (auto self = weak.lock()) self->on_idle(ec);
+    });
+  }
+
+  void on_idle(beast::error_code ec) {
+    idle_armed_ = false;
+    if (ec || !stream_.socket().is_open() || !reading_) return;  // an exchange re-arms it at its next read
+    if (std::chrono::steady_clock::now() < idle_at_) return arm_idle();
+    do_close();
   }
 
   void on_read(beast::error_code ec, std::size_t) {
+    reading_ = false;
     if (ec == http::error::end_of_stream || ec == asio::error::operation_aborted || ec == beast::error::timeout ||
         ec == asio::error::connection_reset || ec == asio::error::eof) {
       return do_close();
@@ -364,13 +417,17 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   void on_connect(beast::error_code ec, backends::UpstreamPool::Lease lease) {
     if (ec) return upstream_failed("cannot connect to worker " + worker_->name() + ": " + ec.message(), false);
     lease_ = std::move(lease);
+    // The exchange runs on the plain sockets (tcp_stream arms its timer on every operation): one timer holds
+    // --request-timeout for the whole exchange, from here to the end of the relayed body.
     exchange_deadline_ = std::chrono::steady_clock::now() + seconds(svc_.config.request_timeout_s);
-    lease_.stream->expires_at(exchange_deadline_);
+    awaiting_head_ = true;
+    deadline_.expires_at(exchange_deadline_);
+    deadline_.async_wait(beast::bind_front_handler(&ApiSession::on_deadline, shared_from_this(), generation_));
     watch_client();
     Pieces out;
     out.add(up_head_.data(), up_head_.size());
     out.add(up_body_view_.data(), up_body_view_.size());
-    asio::async_write(*lease_.stream, out,
+    asio::async_write(lease_.stream->socket(), out,
                       asio::bind_executor(stream_.get_executor(),
                                           beast::bind_front_handler(&ApiSession::on_upstream_write, shared_from_this())));
   }
@@ -384,14 +441,35 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     up_parser_->body_limit(boost::none);
     up_parser_->header_limit(kHeaderLimit);
     up_buffer_.clear();
-    http::async_read_header(*lease_.stream, up_buffer_, *up_parser_,
-                            asio::bind_executor(stream_.get_executor(),
-                                                beast::bind_front_handler(&ApiSession::on_upstream_header, shared_from_this())));
+    read_upstream_head();
   }
 
-  void on_upstream_header(beast::error_code ec, std::size_t) {
+  // Reads until the worker's head is complete; body bytes that came with it stay in up_buffer_.
+  void read_upstream_head() {
+    beast::error_code ec;
+    if (up_buffer_.size() > 0) {
+      const std::size_t n = up_parser_->put(up_buffer_.data(), ec);
+      up_buffer_.consume(n);
+      if (ec == http::error::need_more) ec = {};
+    }
+    if (ec) return upstream_failed("reading from worker " + worker_->name() + ": " + ec.message(), false);
+    if (up_parser_->is_header_done()) return on_upstream_header();
+    lease_.stream->socket().async_read_some(
+        up_buffer_.prepare(kRelayChunk),
+        asio::bind_executor(stream_.get_executor(),
+                            beast::bind_front_handler(&ApiSession::on_upstream_head_bytes, shared_from_this())));
+  }
+
+  void on_upstream_head_bytes(beast::error_code ec, std::size_t n) {
     if (!lease_.stream) return;
+    up_buffer_.commit(n);
+    // A reused keep-alive connection the worker closed while idle ends at once: retried once, fresh.
     if (ec) return upstream_failed("reading from worker " + worker_->name() + ": " + ec.message(), lease_.reused);
+    read_upstream_head();
+  }
+
+  void on_upstream_header() {
+    awaiting_head_ = false;
     auto& up = up_parser_->get();
     status_ = up.result_int();
     down_head_.clear();
@@ -429,10 +507,6 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     head_pending_ = true;
     down_last_ = false;
     tail_.clear();
-    // The body is relayed on the plain sockets (tcp_stream arms its timer on every operation): one timer
-    // holds the exchange's deadline, which also bounds a long stream (not the client's idle timeout).
-    deadline_.expires_at(exchange_deadline_);
-    deadline_.async_wait(beast::bind_front_handler(&ApiSession::on_deadline, shared_from_this(), generation_));
     // Eager: one read passes on every chunk it brought (an SSE stream is a chunk per event), not one chunk.
     up_parser_->eager(true);
     // Body bytes that came with the head go out with it in one write; otherwise the head goes out alone now.
@@ -490,14 +564,20 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     read_upstream_body();
   }
 
-  // The exchange outlived --request-timeout while relaying the body: both connections close, as a timed-out
-  // tcp_stream operation would have closed them.
+  // The exchange outlived --request-timeout. Before the worker's head the client gets a 504; after it, the
+  // head is already out and both connections close. Either way the worker sees its connection close and
+  // cancels the request.
   void on_deadline(std::uint64_t gen, beast::error_code ec) {
     if (ec || gen != generation_ || !lease_.stream) return;
-    orphan_ = lease_.stream;  // outlives the upstream read still completing after the close
+    orphan_ = lease_.stream;  // outlives the upstream operation still completing after the close
     beast::error_code ignored;
     lease_.stream->socket().shutdown(tcp::socket::shutdown_both, ignored);
     lease_.stream->socket().close(ignored);
+    if (awaiting_head_) {
+      return upstream_failed("worker " + worker_->name() + " did not answer within --request-timeout (" +
+                                 fmt_seconds(svc_.config.request_timeout_s) + ")",
+                             false, 504, "worker_timeout");
+    }
     upstream_broke_off(beast::error::timeout);
   }
 
@@ -590,7 +670,9 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     // that was already under way may still complete into them.
   }
 
-  void upstream_failed(const std::string& why, bool retry_fresh) {
+  void upstream_failed(const std::string& why, bool retry_fresh, unsigned status = 502,
+                       const char* code = "worker_unavailable") {
+    deadline_.cancel();
     if (lease_.stream) {
       svc_.pool.release(std::move(lease_), false);
       lease_ = {};
@@ -607,7 +689,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       decision_.reset();
     }
     ++generation_;
-    send_error(make_error(why, 502, "upstream_error", "worker_unavailable"));
+    send_error(make_error(why, status, "upstream_error", code));
   }
 
   // Notices a client that disconnects while the worker is still thinking (no write in progress to fail).
@@ -818,6 +900,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.socket().close(ec);
+    idle_timer_.cancel();
   }
 
   beast::tcp_stream stream_;
@@ -825,6 +908,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   Listener::Kind kind_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  bool reading_ = false;  // a request is being read (the idle timeout applies)
+  bool idle_armed_ = false;
+  std::chrono::steady_clock::time_point idle_at_;
+  asio::steady_timer idle_timer_{stream_.get_executor()};
   http::request<http::string_body> req_;
   std::string request_id_;
   bool close_after_ = false;
@@ -836,7 +923,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   backends::UpstreamPool::Lease lease_;
   std::shared_ptr<beast::tcp_stream> orphan_;  // the upstream connection client_gone() closed
   std::chrono::steady_clock::time_point exchange_deadline_;  // --request-timeout from the worker's connection
-  asio::steady_timer deadline_{stream_.get_executor()};       // that deadline while the body is relayed
+  asio::steady_timer deadline_{stream_.get_executor()};       // fires at that deadline
+  bool awaiting_head_ = false;                                // the worker has not answered yet
   bool retried_ = false;
   beast::flat_buffer up_buffer_;
   std::optional<http::response_parser<http::buffer_body>> up_parser_;

@@ -5,6 +5,8 @@
 // through a pooled keep-alive connection: the response head is sent as soon as the worker's arrives and the
 // body is passed on piece by piece as it is read, never buffered whole, so server-sent events stream. When
 // the client goes away mid-request the upstream connection is closed, which cancels the worker's request.
+// --request-timeout bounds the whole exchange: a worker that has not answered by then gets the client a 504,
+// and a response still streaming is cut. --client-idle-timeout bounds the reading of each request.
 //
 //   Services svc{config, registry, router, pool, metrics};
 //   auto api = std::make_shared<Listener>(io, endpoint, svc, Listener::Kind::kApi);

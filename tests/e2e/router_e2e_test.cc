@@ -291,6 +291,62 @@ TEST(RouterE2E, StreamsEndAtTheRequestTimeoutAndServingContinues) {
   EXPECT_EQ(next.status, 200) << next.body;
 }
 
+// A worker that has not answered by --request-timeout: the client gets a 504 that says so (not a closed
+// connection), the worker's request is cancelled, and the next request is served.
+TEST(RouterE2E, UnansweredRequestGets504AtTheRequestTimeout) {
+  Fleet fleet(1, {"--request-timeout", "1.5"}, /*speed=*/0.2);
+  json::array messages;
+  messages.push_back(json::object{{"role", "user"}, {"content", "Write a very long story."}});
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = http(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 400, false));
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(r.status, 504) << r.body;
+  EXPECT_NE(r.body.find("did not answer within --request-timeout (1.5 s)"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("worker_timeout"), std::string::npos) << r.body;
+  EXPECT_GE(elapsed, 1400ms);
+  EXPECT_LT(elapsed, 5s);
+  double cancelled = cancelled_requests(fleet.worker_port(0));
+  for (int i = 0; i < 50 && cancelled < 1; ++i) {
+    std::this_thread::sleep_for(100ms);
+    cancelled = cancelled_requests(fleet.worker_port(0));
+  }
+  EXPECT_EQ(cancelled, 1);
+  auto next = http(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 2, false));
+  EXPECT_EQ(next.status, 200) << next.body;
+}
+
+// --client-idle-timeout closes a connection whose request does not arrive in time, whether it stalls halfway
+// through its head or sends nothing after a completed request; other clients are served meanwhile and after.
+TEST(RouterE2E, IdleAndStalledClientsAreClosedAtTheIdleTimeout) {
+  Fleet fleet(1, {"--client-idle-timeout", "0.5"});
+  auto t0 = std::chrono::steady_clock::now();
+  std::string got = raw_exchange(fleet.api(), "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le", 5s);
+  auto elapsed = std::chrono::steady_clock::now() - t0;
+  EXPECT_TRUE(got.empty()) << got;
+  EXPECT_GE(elapsed, 400ms);
+  EXPECT_LT(elapsed, 3s);  // closed by kvroute, not by the 5 s the client waits
+
+  t0 = std::chrono::steady_clock::now();
+  got = raw_exchange(fleet.api(), "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 5s);
+  elapsed = std::chrono::steady_clock::now() - t0;
+  EXPECT_NE(got.find("200 OK"), std::string::npos) << got;
+  EXPECT_GE(elapsed, 400ms);
+  EXPECT_LT(elapsed, 3s);
+
+  // A body that stalls: the head is complete, the body never is.
+  t0 = std::chrono::steady_clock::now();
+  got = raw_exchange(fleet.api(),
+                     "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\"", 5s);
+  elapsed = std::chrono::steady_clock::now() - t0;
+  EXPECT_TRUE(got.empty()) << got;
+  EXPECT_LT(elapsed, 3s);
+
+  json::array messages;
+  messages.push_back(json::object{{"role", "user"}, {"content", "hello"}});
+  auto ok = http(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 2, false));
+  EXPECT_EQ(ok.status, 200) << ok.body;
+}
+
 TEST(RouterE2E, SessionHeaderBindsToOneWorker) {
   Fleet fleet(3, {"--policy", "round_robin"});
   std::set<std::string> seen;
