@@ -24,6 +24,7 @@
 #include <boost/json.hpp>
 
 #include "router/log.h"
+#include "router/usage.h"
 
 namespace kvroute::router {
 
@@ -77,37 +78,6 @@ bool hop_by_hop(http::field f, std::string_view name) {
     default:
       return beast::iequals(name, "proxy-connection");
   }
-}
-
-// `usage` of the last response object in `tail` (a JSON body's end, or the last SSE events).
-std::optional<Usage> find_usage(std::string_view tail) {
-  for (std::size_t pos = tail.rfind("\"usage\""); pos != std::string_view::npos;
-       pos = pos == 0 ? std::string_view::npos : tail.rfind("\"usage\"", pos - 1)) {
-    std::size_t i = pos + 7;
-    while (i < tail.size() && (tail[i] == ' ' || tail[i] == ':' || tail[i] == '\n' || tail[i] == '\r' || tail[i] == '\t')) ++i;
-    if (i >= tail.size() || tail[i] != '{') continue;  // "usage": null in intermediate chunks
-    json::stream_parser p;
-    boost::system::error_code ec;
-    p.write_some(tail.data() + i, tail.size() - i, ec);
-    if (!p.done()) continue;
-    json::value v = p.release();
-    const auto* o = v.if_object();
-    if (!o) continue;
-    Usage u;
-    auto num = [](const json::value* x) -> std::uint64_t {
-      if (!x) return 0;
-      if (x->is_int64() && x->get_int64() > 0) return static_cast<std::uint64_t>(x->get_int64());
-      if (x->is_uint64()) return x->get_uint64();
-      return 0;
-    };
-    u.prompt_tokens = num(o->if_contains("prompt_tokens"));
-    u.completion_tokens = num(o->if_contains("completion_tokens"));
-    if (const auto* d = o->if_contains("prompt_tokens_details"); d && d->is_object()) {
-      u.cached_tokens = num(d->get_object().if_contains("cached_tokens"));
-    }
-    return u;
-  }
-  return std::nullopt;
 }
 
 // An SSE event that carries only usage: the extra event a router-requested include_usage produces.

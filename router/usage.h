@@ -1,0 +1,21 @@
+// find_usage: the `usage` of an OpenAI response, read from the response's end (a JSON body's last bytes, or
+// the last server-sent events), so that the router learns what the worker computed and had cached.
+//
+//   std::optional<Usage> u = find_usage(R"({"choices":[...],"usage":{"prompt_tokens":9,...}})");
+//   // u->prompt_tokens, u->completion_tokens, u->cached_tokens (usage.prompt_tokens_details.cached_tokens)
+//
+// The last `"usage": {...}` object that parses is taken ("usage": null, as intermediate stream chunks carry
+// it, is skipped). It is read with an event parser that keeps three numbers and builds no document: this
+// runs once per response.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "router/router.h"
+
+namespace kvroute::router {
+
+std::optional<Usage> find_usage(std::string_view tail);
+
+}  // namespace kvroute::router
