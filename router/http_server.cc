@@ -387,12 +387,11 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   void on_connect(beast::error_code ec, backends::UpstreamPool::Lease lease) {
     if (ec) return upstream_failed("cannot connect to worker " + worker_->name() + ": " + ec.message(), false);
     lease_ = std::move(lease);
-    // The exchange runs on the plain sockets (tcp_stream arms its timer on every operation): one timer holds
-    // --request-timeout for the whole exchange, from here to the end of the relayed body.
+    // The exchange runs on the plain sockets (tcp_stream arms its timer on every operation): --request-timeout
+    // holds for the whole exchange, from here to the end of the relayed body.
     exchange_deadline_ = std::chrono::steady_clock::now() + seconds(svc_.config.request_timeout_s);
     awaiting_head_ = true;
-    deadline_.expires_at(exchange_deadline_);
-    deadline_.async_wait(beast::bind_front_handler(&ApiSession::on_deadline, shared_from_this(), generation_));
+    if (!deadline_armed_) arm_deadline();
     watch_client();
     Pieces out;
     out.add(up_head_.data(), up_head_.size());
@@ -534,11 +533,24 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     read_upstream_body();
   }
 
+  // One timer per connection for --request-timeout, re-armed only when it fires, as the idle timer: an
+  // exchange costs a clock read, not a timer operation. A later exchange's deadline is always later, so a
+  // timer still set for an earlier one fires early and is moved on.
+  void arm_deadline() {
+    deadline_armed_ = true;
+    deadline_.expires_at(exchange_deadline_);
+    deadline_.async_wait([weak = weak_from_this()](beast::error_code ec) {
+      if (auto self = weak.lock()) self->on_deadline(ec);
+    });
+  }
+
   // The exchange outlived --request-timeout. Before the worker's head the client gets a 504; after it, the
   // head is already out and both connections close. Either way the worker sees its connection close and
   // cancels the request.
-  void on_deadline(std::uint64_t gen, beast::error_code ec) {
-    if (ec || gen != generation_ || !lease_.stream) return;
+  void on_deadline(beast::error_code ec) {
+    deadline_armed_ = false;
+    if (ec || !lease_.stream) return;  // no exchange under way: the next one arms the timer
+    if (std::chrono::steady_clock::now() < exchange_deadline_) return arm_deadline();
     orphan_ = lease_.stream;  // outlives the upstream operation still completing after the close
     beast::error_code ignored;
     lease_.stream->socket().shutdown(tcp::socket::shutdown_both, ignored);
@@ -622,7 +634,6 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   // Ends the exchange once: releases the upstream connection and tells the router how it went.
   void finish(bool ok, bool reusable) {
     ++generation_;
-    deadline_.cancel();
     beast::error_code ignored;
     if (lease_.stream) {
       lease_.stream->expires_never();
@@ -642,7 +653,6 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
 
   void upstream_failed(const std::string& why, bool retry_fresh, unsigned status = 502,
                        const char* code = "worker_unavailable") {
-    deadline_.cancel();
     if (lease_.stream) {
       svc_.pool.release(std::move(lease_), false);
       lease_ = {};
@@ -871,6 +881,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.socket().close(ec);
     idle_timer_.cancel();
+    deadline_.cancel();
   }
 
   beast::tcp_stream stream_;
@@ -893,7 +904,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   backends::UpstreamPool::Lease lease_;
   std::shared_ptr<beast::tcp_stream> orphan_;  // the upstream connection client_gone() closed
   std::chrono::steady_clock::time_point exchange_deadline_;  // --request-timeout from the worker's connection
-  asio::steady_timer deadline_{stream_.get_executor()};       // fires at that deadline
+  asio::steady_timer deadline_{stream_.get_executor()};       // fires at that deadline (or an earlier one)
+  bool deadline_armed_ = false;
   bool awaiting_head_ = false;                                // the worker has not answered yet
   bool retried_ = false;
   beast::flat_buffer up_buffer_;
