@@ -18,7 +18,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/buffer_body.hpp>
-#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
 #include <boost/json.hpp>
@@ -143,6 +143,42 @@ void common_headers(http::response<Body>& res, const std::string& request_id) {
 
 // ---------------------------------------------------------------------------------------------------------
 
+// A deadline that moves without timer operations: set() records the time point and arms the timer only when
+// it is not armed yet; a timer that fires before the recorded point (the deadline moved on since) is armed
+// again (the point only moves later: every set() is now plus the same timeout). `due` runs once the recorded
+// point has passed; the owner decides there whether it still applies.
+// The owner is held weakly, so a pending deadline never keeps it alive.
+template <class Owner>
+class LazyDeadline {
+ public:
+  LazyDeadline(const asio::any_io_executor& ex, void (Owner::*due)()) : timer_(ex), due_(due) {}
+
+  void set(std::chrono::steady_clock::time_point at, std::weak_ptr<Owner> owner) {
+    at_ = at;
+    if (!armed_) arm(std::move(owner));
+  }
+  void cancel() { timer_.cancel(); }
+
+ private:
+  void arm(std::weak_ptr<Owner> owner) {
+    armed_ = true;
+    timer_.expires_at(at_);
+    timer_.async_wait([this, owner = std::move(owner)](beast::error_code ec) mutable {
+      auto self = owner.lock();
+      if (!self) return;  // the owner, and this member of it, are gone
+      armed_ = false;
+      if (ec) return;
+      if (std::chrono::steady_clock::now() < at_) return arm(std::move(owner));
+      ((*self).*due_)();
+    });
+  }
+
+  asio::steady_timer timer_;
+  void (Owner::*due_)();
+  std::chrono::steady_clock::time_point at_;
+  bool armed_ = false;
+};
+
 class ApiSession : public std::enable_shared_from_this<ApiSession> {
  public:
   ApiSession(tcp::socket&& socket, Services& svc, Listener::Kind kind)
@@ -162,8 +198,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     parser_->body_limit(svc_.config.max_body_bytes);
     parser_->eager(true);
     reading_ = true;
-    idle_at_ = std::chrono::steady_clock::now() + seconds(svc_.config.client_idle_timeout_s);
-    if (!idle_armed_) arm_idle();
+    idle_.set(std::chrono::steady_clock::now() + seconds(svc_.config.client_idle_timeout_s), weak_from_this());
     read_request();
   }
 
@@ -189,22 +224,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     read_request();
   }
 
-  // The idle timeout: one timer per connection, re-armed only when it fires (a request costs a clock read,
-  // not a timer operation). It closes the connection when a read has been under way past idle_at_; the
-  // pending read then fails and the session ends. It holds the session weakly, so it never keeps one alive.
-  void arm_idle() {
-    idle_armed_ = true;
-    idle_timer_.expires_at(idle_at_);
-    idle_timer_.async_wait([weak = weak_from_this()](beast::error_code ec) {
-      if (auto self = weak.lock()) self->on_idle(ec);
-    });
-  }
-
-  void on_idle(beast::error_code ec) {
-    idle_armed_ = false;
-    if (ec || !stream_.socket().is_open() || !reading_) return;  // an exchange re-arms it at its next read
-    if (std::chrono::steady_clock::now() < idle_at_) return arm_idle();
-    do_close();
+  // --client-idle-timeout (a LazyDeadline: a request costs a clock read, not a timer operation) has passed:
+  // a read still under way closes the connection, and the pending read then fails and ends the session.
+  void on_idle() {
+    if (stream_.socket().is_open() && reading_) do_close();
   }
 
   void on_read(beast::error_code ec, std::size_t) {
@@ -389,9 +412,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     lease_ = std::move(lease);
     // The exchange runs on the plain sockets (tcp_stream arms its timer on every operation): --request-timeout
     // holds for the whole exchange, from here to the end of the relayed body.
-    exchange_deadline_ = std::chrono::steady_clock::now() + seconds(svc_.config.request_timeout_s);
     awaiting_head_ = true;
-    if (!deadline_armed_) arm_deadline();
+    deadline_.set(std::chrono::steady_clock::now() + seconds(svc_.config.request_timeout_s), weak_from_this());
     watch_client();
     Pieces out;
     out.add(up_head_.data(), up_head_.size());
@@ -533,24 +555,11 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     read_upstream_body();
   }
 
-  // One timer per connection for --request-timeout, re-armed only when it fires, as the idle timer: an
-  // exchange costs a clock read, not a timer operation. A later exchange's deadline is always later, so a
-  // timer still set for an earlier one fires early and is moved on.
-  void arm_deadline() {
-    deadline_armed_ = true;
-    deadline_.expires_at(exchange_deadline_);
-    deadline_.async_wait([weak = weak_from_this()](beast::error_code ec) {
-      if (auto self = weak.lock()) self->on_deadline(ec);
-    });
-  }
-
-  // The exchange outlived --request-timeout. Before the worker's head the client gets a 504; after it, the
-  // head is already out and both connections close. Either way the worker sees its connection close and
-  // cancels the request.
-  void on_deadline(beast::error_code ec) {
-    deadline_armed_ = false;
-    if (ec || !lease_.stream) return;  // no exchange under way: the next one arms the timer
-    if (std::chrono::steady_clock::now() < exchange_deadline_) return arm_deadline();
+  // The exchange outlived --request-timeout (a LazyDeadline: an exchange costs a clock read, not a timer
+  // operation). Before the worker's head the client gets a 504; after it, the head is already out and both
+  // connections close. Either way the worker sees its connection close and cancels the request.
+  void on_deadline() {
+    if (!lease_.stream) return;  // no exchange under way
     orphan_ = lease_.stream;  // outlives the upstream operation still completing after the close
     beast::error_code ignored;
     lease_.stream->socket().shutdown(tcp::socket::shutdown_both, ignored);
@@ -880,7 +889,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.socket().close(ec);
-    idle_timer_.cancel();
+    idle_.cancel();
     deadline_.cancel();
   }
 
@@ -890,9 +899,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool reading_ = false;  // a request is being read (the idle timeout applies)
-  bool idle_armed_ = false;
-  std::chrono::steady_clock::time_point idle_at_;
-  asio::steady_timer idle_timer_{stream_.get_executor()};
+  LazyDeadline<ApiSession> idle_{stream_.get_executor(), &ApiSession::on_idle};  // --client-idle-timeout
   http::request<http::string_body> req_;
   std::string request_id_;
   bool close_after_ = false;
@@ -903,9 +910,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   std::string_view up_body_view_;  // its body: up_body_ or req_'s
   backends::UpstreamPool::Lease lease_;
   std::shared_ptr<beast::tcp_stream> orphan_;  // the upstream connection client_gone() closed
-  std::chrono::steady_clock::time_point exchange_deadline_;  // --request-timeout from the worker's connection
-  asio::steady_timer deadline_{stream_.get_executor()};       // fires at that deadline (or an earlier one)
-  bool deadline_armed_ = false;
+  LazyDeadline<ApiSession> deadline_{stream_.get_executor(), &ApiSession::on_deadline};  // --request-timeout
   bool awaiting_head_ = false;                                // the worker has not answered yet
   bool retried_ = false;
   beast::flat_buffer up_buffer_;
