@@ -46,6 +46,18 @@ double cancelled_requests(int port) {
   return std::stod(line.substr(line.rfind(' ') + 1));
 }
 
+// cancelled_requests(port) once it is at least 1, or when `wait` has passed (the worker notices a closed
+// connection at its next token).
+double cancelled_within(int port, std::chrono::milliseconds wait) {
+  const auto until = std::chrono::steady_clock::now() + wait;
+  double cancelled = cancelled_requests(port);
+  while (cancelled < 1 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(100ms);
+    cancelled = cancelled_requests(port);
+  }
+  return cancelled;
+}
+
 // A fleet: `n` kvroute-sim workers (one process each, so one can be killed) behind one kvroute.
 class Fleet {
  public:
@@ -281,12 +293,7 @@ TEST(RouterE2E, StreamsEndAtTheRequestTimeoutAndServingContinues) {
   EXPECT_EQ(r.body.find("data: [DONE]"), std::string::npos);
   EXPECT_GE(elapsed, 1400ms);
   EXPECT_LT(elapsed, 5s);
-  double cancelled = cancelled_requests(fleet.worker_port(0));
-  for (int i = 0; i < 50 && cancelled < 1; ++i) {
-    std::this_thread::sleep_for(100ms);
-    cancelled = cancelled_requests(fleet.worker_port(0));
-  }
-  EXPECT_EQ(cancelled, 1);
+  EXPECT_EQ(cancelled_within(fleet.worker_port(0), 5s), 1);
   auto next = http(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 2, false));
   EXPECT_EQ(next.status, 200) << next.body;
 }
@@ -305,12 +312,7 @@ TEST(RouterE2E, UnansweredRequestGets504AtTheRequestTimeout) {
   EXPECT_NE(r.body.find("worker_timeout"), std::string::npos) << r.body;
   EXPECT_GE(elapsed, 1400ms);
   EXPECT_LT(elapsed, 5s);
-  double cancelled = cancelled_requests(fleet.worker_port(0));
-  for (int i = 0; i < 50 && cancelled < 1; ++i) {
-    std::this_thread::sleep_for(100ms);
-    cancelled = cancelled_requests(fleet.worker_port(0));
-  }
-  EXPECT_EQ(cancelled, 1);
+  EXPECT_EQ(cancelled_within(fleet.worker_port(0), 5s), 1);
   auto next = http(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 2, false));
   EXPECT_EQ(next.status, 200) << next.body;
 }
