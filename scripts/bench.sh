@@ -59,19 +59,17 @@ for workload in shared_prefix multi_turn tenants zipf_tools; do
   SEED=2 run "${workload}_seed2" --workload "$workload"
 done
 
-# The saturated multi_turn cell under other seeds: the same generator and load (rate scale 1.6, 1.25x the
-# seed-1 knee), seeds 2-5, to show how much of that cell's ranking is the workload's draw.
-for seed in 2 3 4 5; do
-  echo "== multi_turn, rate scale 1.6, seed $seed" >&2
-  "$BENCH" simulate --workload multi_turn --rate-scale 1.6 --workers 8 --model qwen3-8b --gpu h100-80gb \
-    --seed "$seed" --prefix-commit "$PREFIX_COMMIT" --no-progress --json "$OUT_DIR/multi_turn_1.6_seed$seed.json" \
-    | tee "$OUT_DIR/multi_turn_1.6_seed$seed.txt"
-done
-# The shared_prefix cell kv_cost misses (p99 at rate scale 0.61, 0.75x the seed-1 knee), seeds 2-5 likewise.
-for seed in 2 3 4 5; do
-  echo "== shared_prefix, rate scale 0.61, seed $seed" >&2
-  "$BENCH" simulate --workload shared_prefix --rate-scale 0.61 --workers 8 --model qwen3-8b --gpu h100-80gb \
-    --seed "$seed" --prefix-commit "$PREFIX_COMMIT" --no-progress --json "$OUT_DIR/shared_prefix_0.61_seed$seed.json" \
-    | tee "$OUT_DIR/shared_prefix_0.61_seed$seed.txt"
-done
+# One cell under other seeds: the same generator and load, seeds 2-5, to show how much of that cell's ranking
+# is the workload's draw.  other_seeds WORKLOAD RATE_SCALE
+other_seeds() {
+  local workload="$1" scale="$2" seed
+  for seed in 2 3 4 5; do
+    echo "== $workload, rate scale $scale, seed $seed" >&2
+    "$BENCH" simulate --workload "$workload" --rate-scale "$scale" --workers 8 --model qwen3-8b --gpu h100-80gb \
+      --seed "$seed" --prefix-commit "$PREFIX_COMMIT" --no-progress \
+      --json "$OUT_DIR/${workload}_${scale}_seed$seed.json" | tee "$OUT_DIR/${workload}_${scale}_seed$seed.txt"
+  done
+}
+other_seeds multi_turn 1.6     # the saturated cell: 1.25x the seed-1 knee
+other_seeds shared_prefix 0.61  # the cell kv_cost misses on p99: 0.75x the seed-1 knee
 echo "results in $OUT_DIR" >&2
