@@ -177,12 +177,22 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
   if (!r.tokenize_body.empty()) r.tokenize_key = XXH3_64bits(r.tokenize_body.data(), r.tokenize_body.size());
   if (r.stream && !r.include_usage) {
     // Usage feeds the router's truth metrics and learning; the client still gets the stream it asked for.
-    json::object& o = doc.as_object();
-    json::value& so = o["stream_options"];
-    if (!so.is_object()) so = json::object();
-    so.as_object()["include_usage"] = true;
-    r.upstream_body = json::serialize(doc);
     r.strip_usage = true;
+    if (!obj->contains("stream_options")) {
+      // The common case (the OpenAI clients stream without stream_options): splice the member in after the
+      // opening brace instead of serializing the whole document again, which doubled the parse of an
+      // 8K-token request (15.3 µs against 8.4; kvroute-routing-bench BM_ParseStreamRewrite). The object has
+      // at least `model`, so the comma is always followed by a member.
+      constexpr std::string_view kAskUsage = R"("stream_options":{"include_usage":true},)";
+      const std::size_t brace = body.find('{') + 1;
+      r.upstream_body.reserve(body.size() + kAskUsage.size());
+      r.upstream_body.append(body.substr(0, brace)).append(kAskUsage).append(body.substr(brace));
+    } else {
+      json::value& so = doc.as_object()["stream_options"];
+      if (!so.is_object()) so = json::object();
+      so.as_object()["include_usage"] = true;
+      r.upstream_body = json::serialize(doc);
+    }
   }
   return r;
 }

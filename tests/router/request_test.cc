@@ -77,7 +77,7 @@ TEST(Request, BodiesLargerThanTheParseArena) {
   ASSERT_TRUE(small && big && again) << (big ? "" : big.error().message);
   EXPECT_EQ(big->chain.hashes, again->chain.hashes);
   EXPECT_GT(big->chain.hashes.size(), 3000u);
-  // The streamed request is rewritten to ask for usage: the rewrite serializes the arena-backed document.
+  // The streamed request is rewritten to ask for usage.
   ASSERT_TRUE(big->strip_usage);
   const boost::json::value up = boost::json::parse(big->upstream_body);
   EXPECT_EQ(up.at("messages").as_array().size(), 400u);
@@ -85,6 +85,36 @@ TEST(Request, BodiesLargerThanTheParseArena) {
   auto after = chat(R"({"model":"m","messages":[{"role":"user","content":"x"}]})");
   ASSERT_TRUE(after);
   EXPECT_EQ(after->chain.hashes, small->chain.hashes);
+}
+
+// A streamed request that does not ask for usage is forwarded asking for it, whatever shape its
+// stream_options had; everything else in the body reaches the worker unchanged.
+TEST(Request, StreamWithoutUsageIsForwardedAskingForIt) {
+  const std::string rest = R"("model":"m","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"q \" {"}])";
+  for (const std::string& body : {"{" + rest + "}", " \n\t{ " + rest + " }\n", "{" + rest + R"(,"stream_options":null})",
+                                   "{" + rest + R"(,"stream_options":{}})", "{" + rest + R"(,"stream_options":{"include_usage":false}})"}) {
+    SCOPED_TRACE(body);
+    auto r = chat(body);
+    ASSERT_TRUE(r) << r.error().message;
+    EXPECT_FALSE(r->include_usage);
+    ASSERT_TRUE(r->strip_usage);
+    boost::system::error_code ec;
+    const boost::json::value up = boost::json::parse(r->upstream_body, ec);
+    ASSERT_FALSE(ec) << r->upstream_body;
+    EXPECT_EQ(up.at("stream_options").at("include_usage"), true);
+    EXPECT_EQ(up.at("model"), "m");
+    EXPECT_EQ(up.at("max_tokens"), 3);
+    EXPECT_EQ(up.at("messages").at(0).at("content"), "q \" {");
+    EXPECT_EQ(up.as_object().size(), 5u);
+  }
+  // Clients that ask for usage themselves, and unstreamed requests, are forwarded as sent.
+  auto asked = chat("{" + rest + R"(,"stream_options":{"include_usage":true}})");
+  auto plain = chat(R"({"model":"m","messages":[{"role":"user","content":"x"}]})");
+  ASSERT_TRUE(asked && plain);
+  EXPECT_FALSE(asked->strip_usage);
+  EXPECT_TRUE(asked->upstream_body.empty());
+  EXPECT_FALSE(plain->strip_usage);
+  EXPECT_TRUE(plain->upstream_body.empty());
 }
 
 TEST(Request, BadInputGetsFieldNamedErrors) {
