@@ -28,7 +28,8 @@ void HealthChecker::stop() {
 
 void HealthChecker::tick() {
   if (stopped_) return;
-  for (const auto& w : *registry_.snapshot()) check(w);
+  const auto workers = registry_.snapshot();
+  for (const auto& w : *workers) check(w);
   timer_.expires_after(options_.interval);
   timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
     if (!ec) self->tick();

@@ -44,7 +44,8 @@ void TelemetryPoller::stop() {
 
 void TelemetryPoller::tick() {
   if (stopped_) return;
-  for (const auto& w : *registry_.snapshot()) poll(w);
+  const auto workers = registry_.snapshot();
+  for (const auto& w : *workers) poll(w);
   timer_.expires_after(interval_);
   timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
     if (!ec) self->tick();

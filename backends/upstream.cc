@@ -57,6 +57,7 @@ bool looks_alive(beast::tcp_stream& s) {
 
 void UpstreamPool::acquire(const Worker& worker, Handler handler, bool fresh_only) {
   const WorkerId id = worker.id();
+  const std::uint64_t serial = worker.serial();
   if (!fresh_only) {
     std::unique_lock lock(mu_);
     auto& idle = idle_[id];
@@ -66,12 +67,14 @@ void UpstreamPool::acquire(const Worker& worker, Handler handler, bool fresh_onl
       idle.pop_back();
       const auto idle_for = now - conn.since;
       if (idle_for > options_.idle_timeout) continue;
+      // Released after its worker was removed and the id given to another: it leads to the old address.
+      if (conn.serial != serial) continue;
       // A connection that answered within the last second is not checked: servers close idle keep-alive
       // connections after seconds (uvicorn's default is 5 s), and a request that still finds one closed is
       // retried once on a fresh connection by the caller. The check is one system call per request.
       if (idle_for > kUncheckedIdle && !looks_alive(*conn.stream)) continue;
       lock.unlock();
-      handler({}, Lease{id, std::move(conn.stream), true});
+      handler({}, Lease{id, serial, std::move(conn.stream), true});
       return;
     }
   }
@@ -79,10 +82,10 @@ void UpstreamPool::acquire(const Worker& worker, Handler handler, bool fresh_onl
   stream->expires_after(options_.connect_timeout);
   auto* raw = stream.get();
   async_connect_endpoint(*raw, worker.endpoint(),
-                         [id, stream, handler = std::move(handler)](beast::error_code ec) mutable {
+                         [id, serial, stream, handler = std::move(handler)](beast::error_code ec) mutable {
                            stream->expires_never();
                            if (ec) stream.reset();
-                           Lease lease{id, std::move(stream), false};
+                           Lease lease{id, serial, std::move(stream), false};
                            handler(ec, std::move(lease));
                          });
 }
@@ -99,7 +102,7 @@ void UpstreamPool::release(Lease lease, bool reusable) {
   std::lock_guard lock(mu_);
   auto& idle = idle_[lease.worker];
   if (idle.size() >= options_.max_idle_per_worker) return;  // the stream closes as it goes out of scope
-  idle.push_back(Idle{std::move(lease.stream), std::chrono::steady_clock::now()});
+  idle.push_back(Idle{lease.serial, std::move(lease.stream), std::chrono::steady_clock::now()});
 }
 
 void UpstreamPool::drop(WorkerId worker) {

@@ -42,6 +42,7 @@ class UpstreamPool {
 
   struct Lease {
     WorkerId worker = 0;
+    std::uint64_t serial = 0;  // Worker::serial(): a connection is only reused for the worker it was made for
     std::shared_ptr<beast::tcp_stream> stream;
     bool reused = false;  // came from the idle pool (a stale keep-alive connection may fail once)
   };
@@ -61,6 +62,7 @@ class UpstreamPool {
 
  private:
   struct Idle {
+    std::uint64_t serial = 0;
     std::shared_ptr<beast::tcp_stream> stream;
     std::chrono::steady_clock::time_point since;
   };

@@ -101,7 +101,7 @@ Result<WorkerId> WorkerRegistry::add(WorkerEndpoint endpoint) {
     WorkerId id = 0;
     while (id < used.size() && used[id]) ++id;
     if (id == 0xffff) return make_error("too many workers (at most 65535)");
-    added = std::make_shared<Worker>(id, std::move(endpoint));
+    added = std::make_shared<Worker>(id, std::move(endpoint), next_serial_++);
     auto next = std::make_shared<WorkerList>(*workers_);
     next->push_back(added);
     workers_ = std::move(next);
@@ -122,6 +122,7 @@ bool WorkerRegistry::remove(WorkerId id) {
     auto it = std::find_if(next->begin(), next->end(), [id](const auto& w) { return w->id() == id; });
     if (it == next->end()) return false;
     removed = *it;
+    removed->set_removed();
     next->erase(it);
     workers_ = std::move(next);
     listeners = listeners_;

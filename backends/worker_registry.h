@@ -56,9 +56,18 @@ struct WorkerTelemetry {
 
 class Worker {
  public:
-  Worker(WorkerId id, WorkerEndpoint endpoint) : id_(id), endpoint_(std::move(endpoint)) {}
+  Worker(WorkerId id, WorkerEndpoint endpoint, std::uint64_t serial = 0)
+      : id_(id), serial_(serial), endpoint_(std::move(endpoint)) {}
 
   WorkerId id() const { return id_; }
+  // Ids are reused once a worker is removed; serials are not. State keyed by id that can outlive the worker
+  // (pooled connections) carries the serial as well.
+  std::uint64_t serial() const { return serial_; }
+  // Set when the registry removes the worker. Requests still in flight to it finish, but what they report no
+  // longer updates state keyed by id (the index, learned rates, per-worker metrics): the id's next worker may
+  // own it by then.
+  bool removed() const { return removed_.load(std::memory_order_relaxed); }
+  void set_removed() { removed_.store(true, std::memory_order_relaxed); }
   const WorkerEndpoint& endpoint() const { return endpoint_; }
   const std::string& name() const { return endpoint_.name; }
 
@@ -87,7 +96,9 @@ class Worker {
 
  private:
   const WorkerId id_;
+  const std::uint64_t serial_;
   const WorkerEndpoint endpoint_;
+  std::atomic<bool> removed_{false};
   std::atomic<bool> healthy_{true};
   std::atomic<bool> precise_{false};
   std::atomic<std::uint32_t> in_flight_{0};
@@ -111,6 +122,8 @@ class WorkerRegistry {
   bool remove(WorkerId id);
   void subscribe(Listener l);
 
+  // The current list. Keep the pointer while walking it: `for (auto& w : *reg.snapshot())` drops it before the
+  // loop body runs, and an add or remove on another thread then frees the list under the loop.
   std::shared_ptr<const WorkerList> snapshot() const;
   std::shared_ptr<Worker> find(WorkerId id) const;
   std::shared_ptr<Worker> find_by_url(std::string_view url) const;
@@ -121,6 +134,7 @@ class WorkerRegistry {
  private:
   mutable std::mutex mu_;
   std::shared_ptr<const WorkerList> workers_ = std::make_shared<WorkerList>();  // guarded by mu_
+  std::uint64_t next_serial_ = 1;                                             // guarded by mu_
   std::vector<Listener> listeners_;                                           // guarded by mu_
 };
 

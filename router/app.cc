@@ -28,6 +28,8 @@ Result<bool> App::start() {
                          if (!w.endpoint().kv_events_endpoint.empty()) start_events(w);
                        },
                        [this](const backends::Worker& w) {
+                         // Every I/O thread's pooled connections to it (its id may go to the next worker added).
+                         for (auto& pool : pools_) pool->drop(w.id());
                          std::unique_ptr<events::KvEventSubscriber> sub;
                          {
                            std::lock_guard lock(events_mu_);

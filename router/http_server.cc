@@ -295,7 +295,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   bool want_tokenize() const {
     if (svc_.config.tokenize == "always") return true;
     if (svc_.config.tokenize == "never") return false;
-    for (const auto& w : *svc_.registry.snapshot()) {
+    const auto workers = svc_.registry.snapshot();
+    for (const auto& w : *workers) {
       if (w->precise()) return true;
     }
     return false;
@@ -777,7 +778,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (path == "/health") return send_json(200, R"({"status":"ok"})");
     if (path == "/admin/workers" && req_.method() == http::verb::get) {
       json::array arr;
-      for (const auto& w : *svc_.registry.snapshot()) {
+      const auto workers = svc_.registry.snapshot();
+      for (const auto& w : *workers) {
         const auto t = w->telemetry();
         json::object o;
         o["id"] = w->id();
@@ -826,7 +828,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       // The blocks the router believes a worker holds, in kvroute's own hash space (docs/hashing.md), as
       // decimal strings of the unsigned 64-bit hashes (JSON numbers lose precision above 2^53).
       const std::string name(path.substr(15, path.size() - 15 - 7));
-      for (const auto& w : *svc_.registry.snapshot()) {
+      const auto workers = svc_.registry.snapshot();
+      for (const auto& w : *workers) {
         if (w->name() != name && std::to_string(w->id()) != name) continue;
         json::array gpu, cpu, predicted;
         for (const auto& [h, tier] : svc_.router.index().worker_entries(w->id())) {
@@ -845,10 +848,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     }
     if (path.starts_with("/admin/workers/") && req_.method() == http::verb::delete_) {
       std::string name(path.substr(15));
-      for (const auto& w : *svc_.registry.snapshot()) {
+      const auto workers = svc_.registry.snapshot();
+      for (const auto& w : *workers) {
         if (w->name() == name || std::to_string(w->id()) == name) {
-          svc_.registry.remove(w->id());
-          svc_.pool.drop(w->id());
+          svc_.registry.remove(w->id());  // the app's listener drops its pooled connections on every thread
           LOG_INFO("worker " << w->name() << " removed through the admin API");
           return send_json(200, R"({"removed":true})");
         }

@@ -136,7 +136,8 @@ void Router::match_prefix(const RoutableRequest& request, hashing::PrefixIndex::
 
 std::shared_ptr<backends::Worker> Router::any_healthy() const {
   std::shared_ptr<backends::Worker> best;
-  for (const auto& w : *registry_.snapshot()) {
+  const auto workers = registry_.snapshot();
+  for (const auto& w : *workers) {
     if (w->healthy() && (!best || w->in_flight() < best->in_flight())) best = w;
   }
   return best;
@@ -148,15 +149,19 @@ void Router::first_byte(Decision& d) {
   d.first_byte_at = std::chrono::steady_clock::now();
   d.ttft_s = std::chrono::duration<double>(d.first_byte_at - d.start).count();
   d.worker->first_token(d.uncached_tokens, d.prompt_tokens);
+  if (d.worker->removed()) return;  // its id may be another worker's (complete() explains)
   if (auto s = metrics_.worker(d.worker->id())) s->ttft->Observe(d.ttft_s);
 }
 
 void Router::complete(Decision& d, const Outcome& outcome) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
   d.worker->end(d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
-  if (!d.expected.empty()) index_.drop_unconfirmed(d.worker->id(), d.expected);
   metrics_.request_seconds(total);
   if (!outcome.ok) metrics_.error("upstream");
+  // A worker removed while the request ran: its id (the key of the index, the learned rates and the
+  // per-worker metrics) may belong to another worker by now.
+  if (d.worker->removed()) return;
+  if (!d.expected.empty()) index_.drop_unconfirmed(d.worker->id(), d.expected);
   if (outcome.ok && outcome.usage && d.streamed && d.first_byte_seen) {
     // A streamed response's first byte is its first token: TTFT against uncached tokens teaches the prefill
     // rate, the spacing of the rest the decode step (policy/rate_learner.h).

@@ -2,8 +2,10 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -56,6 +58,15 @@ double cancelled_within(int port, std::chrono::milliseconds wait) {
     cancelled = cancelled_requests(port);
   }
   return cancelled;
+}
+
+// vllm:request_success_total of the worker on `port`: the requests it served.
+double served_requests(int port) {
+  const std::string m = http(port, "GET", "/metrics").body;
+  const auto pos = m.find("vllm:request_success_total");
+  if (pos == std::string::npos) return -1;
+  const auto line = m.substr(pos, m.find('\n', pos) - pos);
+  return std::stod(line.substr(line.rfind(' ') + 1));
 }
 
 // A fleet: `n` kvroute-sim workers (one process each, so one can be killed) behind one kvroute.
@@ -425,6 +436,87 @@ TEST(RouterE2E, ModelsMergedAndAdminEndpoints) {
   ASSERT_EQ(metrics.status, 200);
   EXPECT_NE(metrics.body.find("kvroute_requests_total"), std::string::npos);
   EXPECT_NE(metrics.body.find("kvroute_worker_healthy{worker=\"" + fleet.worker_name(0) + "\"} 1"), std::string::npos);
+}
+
+
+// Workers removed and added through the admin API, on a router with several I/O threads that each pool
+// connections to the workers. The added worker takes the removed one's id (ids are dense and reused): no
+// request may reach the removed worker afterwards, over a connection any thread had pooled for it.
+TEST(RouterE2E, AdminApiRemovesAndAddsWorkers) {
+  Fleet fleet(2, {"--threads", "2", "--policy", "round_robin"});
+  const std::string body = R"({"model":"qwen3-8b","prompt":"admin api test","max_tokens":2})";
+  for (int i = 0; i < 40; ++i) ASSERT_EQ(http(fleet.api(), "POST", "/v1/completions", body).status, 200);
+  ASSERT_GT(served_requests(fleet.worker_port(0)), 0);
+
+  auto removed = http(fleet.admin(), "DELETE", "/admin/workers/" + fleet.worker_name(0));
+  ASSERT_EQ(removed.status, 200) << removed.body << removed.error;
+  EXPECT_EQ(http(fleet.admin(), "DELETE", "/admin/workers/" + fleet.worker_name(0)).status, 404);
+  const double served_before = served_requests(fleet.worker_port(0));
+
+  const int port = free_port();
+  Process added_sim = Process::start({bin("kvroute-sim"), "--port", std::to_string(port), "--speed", "20"},
+                                     testing::TempDir() + "/kvroute-e2e-sim-added.log");
+  ASSERT_TRUE(wait_http(port, "/health", 10s));
+  const std::string url = "http://127.0.0.1:" + std::to_string(port);
+  auto added = http(fleet.admin(), "POST", "/admin/workers", "{\"url\":\"" + url + "\"}");
+  ASSERT_EQ(added.status, 201) << added.body;
+  EXPECT_EQ(json::parse(added.body).at("id"), 0);  // the removed worker's id
+  EXPECT_EQ(http(fleet.admin(), "POST", "/admin/workers", "{\"url\":\"" + url + "\"}").status, 409);
+  EXPECT_EQ(http(fleet.admin(), "POST", "/admin/workers", R"({"url":"ftp://x"})").status, 400);
+
+  std::map<std::string, int> served_by;
+  for (int i = 0; i < 40; ++i) {
+    auto r = http(fleet.api(), "POST", "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    ++served_by[r.header("x-kvroute-worker")];
+  }
+  EXPECT_EQ(served_requests(fleet.worker_port(0)), served_before);  // the removed worker got nothing
+  EXPECT_EQ(served_by.count(fleet.worker_name(0)), 0u);
+  EXPECT_GT(served_by["127.0.0.1:" + std::to_string(port)], 0);
+  EXPECT_EQ(served_requests(port), served_by["127.0.0.1:" + std::to_string(port)]);
+  auto workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body).at("workers").as_array();
+  EXPECT_EQ(workers.size(), 2u);
+  const std::string metrics = http(fleet.admin(), "GET", "/metrics").body;
+  EXPECT_EQ(metrics.find("worker=\"" + fleet.worker_name(0) + "\""), std::string::npos);
+}
+
+
+// Workers removed and added back through the admin API while requests flow on every I/O thread: no request
+// fails and the router keeps serving (routing walks the worker list while the admin thread replaces it).
+TEST(RouterE2E, AdminChangesUnderLoadLoseNoRequest) {
+  Fleet fleet(2, {"--threads", "2"});
+  const std::string url0 = "http://" + fleet.worker_name(0);
+  std::atomic<bool> done{false};
+  std::atomic<int> ok{0};
+  std::vector<std::string> failures;
+  std::mutex failures_mu;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 2; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; !done; ++i) {
+        const std::string body = R"({"model":"qwen3-8b","max_tokens":2,"prompt":"client )" + std::to_string(c) +
+                                 " request " + std::to_string(i % 7) + R"("})";
+        auto r = http(fleet.api(), "POST", "/v1/completions", body);
+        if (r.status == 200) {
+          ++ok;
+        } else {
+          std::lock_guard lock(failures_mu);
+          failures.push_back(std::to_string(r.status) + " " + r.error + r.body);
+        }
+      }
+    });
+  }
+  for (int round = 0; round < 20; ++round) {
+    EXPECT_EQ(http(fleet.admin(), "DELETE", "/admin/workers/" + fleet.worker_name(0)).status, 200);
+    std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(http(fleet.admin(), "POST", "/admin/workers", "{\"url\":\"" + url0 + "\"}").status, 201);
+    std::this_thread::sleep_for(10ms);
+  }
+  done = true;
+  for (auto& t : clients) t.join();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, first: " << failures.front();
+  EXPECT_GT(ok.load(), 40);
+  EXPECT_EQ(json::parse(http(fleet.admin(), "GET", "/admin/workers").body).at("workers").as_array().size(), 2u);
 }
 
 }  // namespace
