@@ -59,7 +59,8 @@ Result<bool> App::start() {
     services_.push_back(std::make_unique<Services>(Services{config_, registry_, *router_, *pool, metrics_, *tokenize_cache_,
                                                             [this](hashing::WorkerId id, boost::json::object& o) {
                                                               describe_events(id, o);
-                                                            }}));
+                                                            },
+                                                            drain_}));
   }
 
   auto api_ep = resolve_listen(config_.listen);
@@ -210,6 +211,11 @@ void App::on_stream_liveness(hashing::WorkerId id, bool live, std::string_view r
   }
   worker->set_precise(live);
   if (auto s = metrics_.worker(id)) s->precise_mode->Set(live ? 1 : 0);
+}
+
+void App::begin_drain() {
+  drain_.draining = true;
+  for (auto& l : api_) l->stop();
 }
 
 void App::stop() {

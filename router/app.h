@@ -35,6 +35,10 @@ class App {
  public:
   App(const std::vector<std::unique_ptr<boost::asio::io_context>>& contexts, Config config);
   Result<bool> start();
+  // Graceful shutdown, first step: the API listeners stop accepting, /ready answers 503 and every response
+  // closes its connection. Requests in flight go on; stop() once in_flight() is 0 or the drain timeout passed.
+  void begin_drain();
+  int in_flight() const { return drain_.active.load(); }
   void stop();
 
   const Config& config() const { return config_; }
@@ -60,6 +64,7 @@ class App {
   std::unique_ptr<Router> router_;
   std::vector<std::unique_ptr<backends::UpstreamPool>> pools_;  // one per context
   std::unique_ptr<TokenizeCache> tokenize_cache_;
+  DrainState drain_;
   std::vector<std::unique_ptr<Services>> services_;             // one per context
   std::shared_ptr<backends::HealthChecker> health_;
   std::shared_ptr<backends::TelemetryPoller> telemetry_;

@@ -120,6 +120,10 @@ const std::vector<Option>& options() {
       {"connect-timeout", "SECONDS", "deadline to connect to a worker (default 2)", DOUBLE_OPT(connect_timeout_s, 0.001, 600)},
       {"client-idle-timeout", "SECONDS", "close an idle client connection after this long (default 60)",
        DOUBLE_OPT(client_idle_timeout_s, 0.001, 86400)},
+      {"drain-timeout", "SECONDS",
+       "on SIGTERM or SIGINT stop accepting connections and let requests in flight finish for up to this long; "
+       "a second signal stops at once (default 30; 0: stop at once)",
+       DOUBLE_OPT(drain_timeout_s, 0, 86400)},
       {"worker-header", "BOOL", "add x-kvroute-worker to every routed response (default true)",
        [](Config& c, const std::string& v) { return parse_bool(v, c.worker_header); }},
       {"block-tokens", "N", "tokens per block when requests carry token ids (default 16)",

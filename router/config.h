@@ -35,6 +35,7 @@ struct Config {
   double request_timeout_s = 600;   // whole upstream exchange
   double connect_timeout_s = 2;
   double client_idle_timeout_s = 60;
+  double drain_timeout_s = 30;      // on SIGTERM, how long requests in flight may take to finish
   bool worker_header = true;        // add x-kvroute-worker to responses
 
   // Hashing (docs/hashing.md).

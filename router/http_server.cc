@@ -183,6 +183,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
  public:
   ApiSession(tcp::socket&& socket, Services& svc, Listener::Kind kind)
       : stream_(std::move(socket)), svc_(svc), kind_(kind) {}
+  ~ApiSession() { end_exchange(); }
 
   void run() {
     asio::dispatch(stream_.get_executor(), beast::bind_front_handler(&ApiSession::do_read, shared_from_this()));
@@ -193,6 +194,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   // A request is read with plain socket reads and parsed here (Beast's composed read costs several layers of
   // handlers per request). --client-idle-timeout bounds the whole read, from do_read on.
   void do_read() {
+    end_exchange();
     parser_.emplace();
     parser_->header_limit(kHeaderLimit);
     parser_->body_limit(svc_.config.max_body_bytes);
@@ -251,7 +253,11 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       return send_error(make_error("malformed HTTP request: " + ec.message(), 400, "invalid_request_error", "bad_http"));
     }
     req_ = parser_->release();
-    close_after_ = !req_.keep_alive();
+    close_after_ = !req_.keep_alive() || svc_.drain.draining;
+    if (kind_ == Listener::Kind::kApi) {
+      counted_ = true;
+      ++svc_.drain.active;
+    }
     request_id_ = std::string(req_["x-request-id"]);
     if (request_id_.empty() || request_id_.size() > 200) request_id_ = new_request_id();
     if (kind_ == Listener::Kind::kAdmin) return handle_admin();
@@ -269,6 +275,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     }
     if (path == "/ready") {
       if (method != http::verb::get && method != http::verb::head) return method_not_allowed("GET");
+      if (svc_.drain.draining) return send_error(make_error("shutting down", 503, "service_unavailable", "draining"));
       if (svc_.router.any_healthy()) return send_json(200, R"({"status":"ready"})");
       return send_error(make_error("no healthy worker", 503, "service_unavailable", "no_healthy_worker"));
     }
@@ -632,7 +639,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     }
     if (!down_last_) return read_upstream_body();
     finish(status_ >= 200 && status_ < 300, up_parser_->keep_alive());
-    if (close_after_) return do_close();
+    if (close_after_ || svc_.drain.draining) return do_close();
     do_read();
   }
 
@@ -883,12 +890,20 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     res->prepare_payload();
     stream_.expires_after(seconds(svc_.config.client_idle_timeout_s));
     http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, std::size_t) {
-      if (ec || self->close_after_) return self->do_close();
+      if (ec || self->close_after_ || self->svc_.drain.draining) return self->do_close();
       self->do_read();
     });
   }
 
+  // The request read last has been answered in full, or will not be: it no longer holds up a drain.
+  void end_exchange() {
+    if (!counted_) return;
+    counted_ = false;
+    --svc_.drain.active;
+  }
+
   void do_close() {
+    end_exchange();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.socket().close(ec);
@@ -906,6 +921,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   http::request<http::string_body> req_;
   std::string request_id_;
   bool close_after_ = false;
+  bool counted_ = false;  // this request is in DrainState::active
 
   std::optional<Decision> decision_;
   std::shared_ptr<backends::Worker> worker_;

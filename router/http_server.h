@@ -13,6 +13,7 @@
 //   api->run();
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 
@@ -30,6 +31,14 @@
 
 namespace kvroute::router {
 
+// Graceful shutdown (App::begin_drain): while `draining`, the API listeners accept nothing, /ready answers 503
+// and every response closes its connection; `active` counts the API requests read and not yet answered in
+// full, which the daemon waits for (--drain-timeout).
+struct DrainState {
+  std::atomic<bool> draining{false};
+  std::atomic<int> active{0};
+};
+
 struct Services {
   const Config& config;
   backends::WorkerRegistry& registry;
@@ -39,6 +48,7 @@ struct Services {
   TokenizeCache& tokenize_cache;
   // Adds a worker's KV event stream status to its /admin/workers entry (no-op without a stream).
   std::function<void(hashing::WorkerId, boost::json::object&)> describe_events;
+  DrainState& drain;
 };
 
 class Listener : public std::enable_shared_from_this<Listener> {

@@ -1,4 +1,6 @@
-// kvroute: parse configuration, build the components, run until SIGINT/SIGTERM.
+// kvroute: parse configuration, build the components, run until SIGINT/SIGTERM (then drain and stop).
+#include <chrono>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -6,6 +8,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "router/app.h"
 #include "router/config.h"
@@ -33,12 +36,47 @@ int main(int argc, char** argv) {
     std::cerr << "kvroute: " << started.error().message << "\n";
     return 1;
   }
+  // SIGTERM or SIGINT: drain (stop accepting, let requests in flight finish for up to --drain-timeout), then
+  // stop; a second signal stops at once.
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-  signals.async_wait([&](const boost::system::error_code&, int) {
-    LOG_INFO("shutting down");
+  boost::asio::steady_timer drain_timer(io);
+  bool stopped = false;
+  auto stop = [&](const char* why) {
+    if (stopped) return;
+    stopped = true;
+    LOG_INFO("shutting down (" << why << ")");
+    drain_timer.cancel();
+    signals.cancel();
     app.stop();
     for (auto& c : contexts) c->stop();
-  });
+  };
+  const auto drain_deadline = [&] {
+    return std::chrono::steady_clock::now() +
+           std::chrono::milliseconds(static_cast<long long>(cfg->drain_timeout_s * 1000.0));
+  };
+  std::chrono::steady_clock::time_point deadline;
+  std::function<void()> poll_drain = [&] {
+    if (app.in_flight() == 0) return stop("drained");
+    if (std::chrono::steady_clock::now() >= deadline) {
+      LOG_WARN("drain timeout: " << app.in_flight() << " requests still in flight are cut");
+      return stop("drain timeout");
+    }
+    drain_timer.expires_after(std::chrono::milliseconds(50));
+    drain_timer.async_wait([&](const boost::system::error_code& ec) {
+      if (!ec) poll_drain();
+    });
+  };
+  std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    if (cfg->drain_timeout_s <= 0 || deadline != std::chrono::steady_clock::time_point{}) return stop("signal");
+    deadline = drain_deadline();
+    LOG_INFO("draining: no new connections, " << app.in_flight() << " requests in flight may take up to "
+                                              << cfg->drain_timeout_s << " s; a second signal stops at once");
+    app.begin_drain();
+    signals.async_wait(on_signal);
+    poll_drain();
+  };
+  signals.async_wait(on_signal);
   std::vector<std::thread> pool;
   for (int i = 1; i < threads; ++i) pool.emplace_back([&contexts, i] { contexts[i]->run(); });
   io.run();

@@ -100,6 +100,13 @@ class Fleet {
                                  testing::TempDir() + "/kvroute-e2e-sim.log");
   }
   void kill_worker(int i) { workers_[i].kill_now(); }
+  void signal_router(int sig) { ::kill(router_.pid(), sig); }
+  // Whether the router is still running `within` from now (polls until it exits).
+  bool router_running_after(std::chrono::milliseconds within) {
+    const auto until = std::chrono::steady_clock::now() + within;
+    while (router_.running() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+    return router_.running();
+  }
 
   std::string worker_name(int i) const { return "127.0.0.1:" + std::to_string(sim_base_ + i); }
   int api() const { return api_; }
@@ -517,6 +524,66 @@ TEST(RouterE2E, AdminChangesUnderLoadLoseNoRequest) {
   EXPECT_TRUE(failures.empty()) << failures.size() << " failed, first: " << failures.front();
   EXPECT_GT(ok.load(), 40);
   EXPECT_EQ(json::parse(http(fleet.admin(), "GET", "/admin/workers").body).at("workers").as_array().size(), 2u);
+}
+
+
+// A long stream under way when the router is told to stop (SIGTERM, as Kubernetes does on a rollout): new
+// connections are refused at once, the admin listener still answers, the stream is finished in full, and the
+// router exits as soon as it is.
+TEST(RouterE2E, SigtermDrainsRequestsInFlight) {
+  Fleet fleet(1, {"--threads", "2", "--drain-timeout", "30"}, /*speed=*/1);
+  json::array messages;
+  messages.push_back(json::object{{"role", "user"}, {"content", "Write a long story."}});
+  std::atomic<int> pieces{0};
+  HttpResponse streamed;
+  std::thread client([&] {
+    streamed = http_stream(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 200, true), {},
+                           [&](const std::string&, auto) { ++pieces; });
+  });
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (pieces < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  ASSERT_GE(pieces.load(), 2);
+  const auto signalled = std::chrono::steady_clock::now();
+  fleet.signal_router(SIGTERM);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(http(fleet.api(), "GET", "/ready", "", {}, 2s).status, 0);  // refused: no new connections
+  EXPECT_EQ(http(fleet.admin(), "GET", "/metrics").status, 200);
+  EXPECT_TRUE(fleet.router_running_after(0ms));
+  client.join();
+  EXPECT_EQ(streamed.status, 200) << streamed.error;
+  EXPECT_TRUE(streamed.error.empty()) << streamed.error;
+  EXPECT_NE(streamed.body.find("data: [DONE]"), std::string::npos);
+  EXPECT_FALSE(fleet.router_running_after(3s));
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, 20s);
+}
+
+// The drain ends at --drain-timeout, or at a second signal: the stream still under way is cut (no [DONE]),
+// and the router exits.
+TEST(RouterE2E, DrainEndsAtItsTimeoutOrASecondSignal) {
+  json::array messages;
+  messages.push_back(json::object{{"role", "user"}, {"content", "Write a very long story."}});
+  for (const bool second_signal : {false, true}) {
+    SCOPED_TRACE(second_signal ? "second signal" : "drain timeout");
+    Fleet fleet(1, {"--drain-timeout", second_signal ? "60" : "1"}, /*speed=*/1);
+    std::atomic<int> pieces{0};
+    HttpResponse streamed;
+    std::thread client([&] {  // a 2000-token answer: about 20 s at the worker's real speed
+      streamed = http_stream(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 2000, true), {},
+                             [&](const std::string&, auto) { ++pieces; });
+    });
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (pieces < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+    ASSERT_GE(pieces.load(), 2);
+    fleet.signal_router(SIGTERM);
+    EXPECT_TRUE(fleet.router_running_after(500ms));  // draining
+    if (second_signal) {
+      EXPECT_TRUE(fleet.router_running_after(1500ms));
+      fleet.signal_router(SIGTERM);
+    }
+    EXPECT_FALSE(fleet.router_running_after(3s));
+    client.join();
+    EXPECT_EQ(streamed.body.find("data: [DONE]"), std::string::npos);
+  }
 }
 
 }  // namespace
