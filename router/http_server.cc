@@ -817,15 +817,42 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       return send_json(200, json::serialize(out));
     }
     if (path == "/admin/workers" && req_.method() == http::verb::post) {
+      // The attributes of a --worker flag, by their YAML names: {"url": "http://HOST:PORT", "kv_events": EP,
+      // "kv_events_replay": EP, "model": NAME, "dp_size": N}; all but url optional.
       boost::system::error_code ec;
       json::value v = json::parse(req_.body(), ec);
       const json::object* o = ec ? nullptr : v.if_object();
       const json::value* url = o ? o->if_contains("url") : nullptr;
       if (!url || !url->is_string()) {
-        return send_error(make_error("body must be {\"url\": \"http://HOST:PORT\"}", 400, "invalid_request_error", "invalid_value"));
+        return send_error(make_error("body must be {\"url\": \"http://HOST:PORT\"} (optional: kv_events, kv_events_replay, "
+                                     "model, dp_size)",
+                                     400, "invalid_request_error", "invalid_value"));
       }
       auto ep = backends::parse_worker_url(url->get_string());
       if (!ep) return send_error(ep.error());
+      for (const auto& [key, value] : *o) {
+        std::string* field = key == "kv_events"          ? &ep->kv_events_endpoint
+                             : key == "kv_events_replay" ? &ep->kv_events_replay
+                             : key == "model"            ? &ep->model
+                                                         : nullptr;
+        if (field) {
+          if (!value.is_string()) {
+            return send_error(
+                make_error("'" + std::string(key) + "' must be a string", 400, "invalid_request_error", "invalid_type"));
+          }
+          *field = value.get_string();
+        } else if (key == "dp_size") {
+          if (!value.is_int64() || value.get_int64() < 1 || value.get_int64() > 1024) {
+            return send_error(
+                make_error("'dp_size' must be an integer from 1 to 1024", 400, "invalid_request_error", "invalid_value"));
+          }
+          ep->dp_size = static_cast<std::uint32_t>(value.get_int64());
+        } else if (key != "url") {
+          return send_error(make_error("unknown worker attribute '" + std::string(key) +
+                                           "' (url, kv_events, kv_events_replay, model, dp_size)",
+                                       400, "invalid_request_error", "invalid_value"));
+        }
+      }
       auto id = svc_.registry.add(*ep);
       if (!id) return send_error(make_error(id.error().message, 409, "invalid_request_error", "conflict"));
       LOG_INFO("worker " << ep->name << " added through the admin API");

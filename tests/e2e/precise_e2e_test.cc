@@ -128,6 +128,8 @@ class PreciseFleet {
 
   int api() const { return api_; }
   int sim(int i) const { return sim_ + i; }
+  int events(int i) const { return ev_ + i; }
+  int replay(int i) const { return replay_ + i; }
   int admin() const { return admin_; }
 
  private:
@@ -207,6 +209,33 @@ TEST(PreciseE2E, NativeEventStreamKeepsRouterIndexExactAfterEvictingBurst) {
     EXPECT_EQ(w.at("num_gpu_blocks").to_number<int>(), 200);
     EXPECT_EQ(w.at("kv_events").at("malformed_frames").to_number<int>(), 0);
   }
+}
+
+
+// Workers added at run time through the admin API with their KV event publishers are in precise mode like
+// workers given with --worker: after an evicting burst the router's entries equal what each worker holds.
+TEST(PreciseE2E, WorkersAddedThroughTheAdminApiWithTheirEvents) {
+  PreciseFleet fleet(/*events=*/false);
+  for (int i = 0; i < 3; ++i) {
+    const std::string name = "127.0.0.1:" + std::to_string(fleet.sim(i));
+    ASSERT_EQ(http(fleet.admin(), "DELETE", "/admin/workers/" + name).status, 200);
+    json::object w{{"url", "http://" + name},
+                   {"kv_events", "tcp://127.0.0.1:" + std::to_string(fleet.events(i))},
+                   {"kv_events_replay", "tcp://127.0.0.1:" + std::to_string(fleet.replay(i))}};
+    auto added = http(fleet.admin(), "POST", "/admin/workers", json::serialize(w));
+    ASSERT_EQ(added.status, 201) << added.body;
+  }
+  auto bad = http(fleet.admin(), "POST", "/admin/workers", R"({"url":"http://127.0.0.1:1","kv_event":"tcp://x:1"})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("unknown worker attribute 'kv_event'"), std::string::npos) << bad.body;
+  EXPECT_EQ(http(fleet.admin(), "POST", "/admin/workers", R"({"url":"http://127.0.0.1:1","dp_size":0})").status, 400);
+  fleet.wait_live();
+  fleet.burst(150);
+  std::this_thread::sleep_for(500ms);  // let the last events arrive
+  EXPECT_GT(fleet.expect_index_equals_workers(), 300u);
+  auto workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body).at("workers").as_array();
+  ASSERT_EQ(workers.size(), 3u);
+  for (const auto& w : workers) EXPECT_EQ(w.at("mode").as_string(), "precise");
 }
 
 }  // namespace
