@@ -214,7 +214,7 @@ void App::on_stream_liveness(hashing::WorkerId id, bool live, std::string_view r
 }
 
 void App::begin_drain() {
-  drain_.draining = true;
+  drain_->draining = true;
   for (auto& l : api_) l->stop();
 }
 

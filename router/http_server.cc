@@ -182,7 +182,7 @@ class LazyDeadline {
 class ApiSession : public std::enable_shared_from_this<ApiSession> {
  public:
   ApiSession(tcp::socket&& socket, Services& svc, Listener::Kind kind)
-      : stream_(std::move(socket)), svc_(svc), kind_(kind) {}
+      : stream_(std::move(socket)), svc_(svc), kind_(kind), drain_(svc.drain) {}
   ~ApiSession() { end_exchange(); }
 
   void run() {
@@ -253,10 +253,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       return send_error(make_error("malformed HTTP request: " + ec.message(), 400, "invalid_request_error", "bad_http"));
     }
     req_ = parser_->release();
-    close_after_ = !req_.keep_alive() || svc_.drain.draining;
+    close_after_ = !req_.keep_alive() || drain_->draining;
     if (kind_ == Listener::Kind::kApi) {
       counted_ = true;
-      ++svc_.drain.active;
+      ++drain_->active;
     }
     request_id_ = std::string(req_["x-request-id"]);
     if (request_id_.empty() || request_id_.size() > 200) request_id_ = new_request_id();
@@ -275,7 +275,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     }
     if (path == "/ready") {
       if (method != http::verb::get && method != http::verb::head) return method_not_allowed("GET");
-      if (svc_.drain.draining) return send_error(make_error("shutting down", 503, "service_unavailable", "draining"));
+      if (drain_->draining) return send_error(make_error("shutting down", 503, "service_unavailable", "draining"));
       if (svc_.router.any_healthy()) return send_json(200, R"({"status":"ready"})");
       return send_error(make_error("no healthy worker", 503, "service_unavailable", "no_healthy_worker"));
     }
@@ -639,7 +639,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     }
     if (!down_last_) return read_upstream_body();
     finish(status_ >= 200 && status_ < 300, up_parser_->keep_alive());
-    if (close_after_ || svc_.drain.draining) return do_close();
+    if (close_after_ || drain_->draining) return do_close();
     do_read();
   }
 
@@ -917,7 +917,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     res->prepare_payload();
     stream_.expires_after(seconds(svc_.config.client_idle_timeout_s));
     http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, std::size_t) {
-      if (ec || self->close_after_ || self->svc_.drain.draining) return self->do_close();
+      if (ec || self->close_after_ || self->drain_->draining) return self->do_close();
       self->do_read();
     });
   }
@@ -926,7 +926,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   void end_exchange() {
     if (!counted_) return;
     counted_ = false;
-    --svc_.drain.active;
+    --drain_->active;
   }
 
   void do_close() {
@@ -941,6 +941,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   beast::tcp_stream stream_;
   Services& svc_;
   Listener::Kind kind_;
+  std::shared_ptr<DrainState> drain_;  // outlives svc_ (see Services::drain)
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool reading_ = false;  // a request is being read (the idle timeout applies)

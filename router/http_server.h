@@ -48,7 +48,9 @@ struct Services {
   TokenizeCache& tokenize_cache;
   // Adds a worker's KV event stream status to its /admin/workers entry (no-op without a stream).
   std::function<void(hashing::WorkerId, boost::json::object&)> describe_events;
-  DrainState& drain;
+  // Shared with the sessions: one still queued when the daemon exits is destroyed with its io_context, after
+  // the App and these Services.
+  std::shared_ptr<DrainState> drain;
 };
 
 class Listener : public std::enable_shared_from_this<Listener> {

@@ -39,14 +39,20 @@ std::string chat_body(const json::array& messages, int max_tokens, bool stream =
   return json::serialize(o);
 }
 
-// kvroute_sim:requests_cancelled_total of the worker on `port`, -1 when the line is missing.
-double cancelled_requests(int port) {
+// The first series of the counter `name` on the /metrics of the worker on `port`, -1 when it is missing.
+double worker_counter(int port, const std::string& name) {
   const std::string m = http(port, "GET", "/metrics").body;
-  const auto pos = m.find("kvroute_sim:requests_cancelled_total");
+  const auto pos = m.find(name);
   if (pos == std::string::npos) return -1;
   const auto line = m.substr(pos, m.find('\n', pos) - pos);
   return std::stod(line.substr(line.rfind(' ') + 1));
 }
+
+// Requests the worker on `port` cancelled because their client (the router) went away.
+double cancelled_requests(int port) { return worker_counter(port, "kvroute_sim:requests_cancelled_total"); }
+
+// Requests the worker on `port` served.
+double served_requests(int port) { return worker_counter(port, "vllm:request_success_total"); }
 
 // cancelled_requests(port) once it is at least 1, or when `wait` has passed (the worker notices a closed
 // connection at its next token).
@@ -58,15 +64,6 @@ double cancelled_within(int port, std::chrono::milliseconds wait) {
     cancelled = cancelled_requests(port);
   }
   return cancelled;
-}
-
-// vllm:request_success_total of the worker on `port`: the requests it served.
-double served_requests(int port) {
-  const std::string m = http(port, "GET", "/metrics").body;
-  const auto pos = m.find("vllm:request_success_total");
-  if (pos == std::string::npos) return -1;
-  const auto line = m.substr(pos, m.find('\n', pos) - pos);
-  return std::stod(line.substr(line.rfind(' ') + 1));
 }
 
 // A fleet: `n` kvroute-sim workers (one process each, so one can be killed) behind one kvroute.
