@@ -105,6 +105,11 @@ void UpstreamPool::release(Lease lease, bool reusable) {
   idle.push_back(Idle{lease.serial, std::move(lease.stream), std::chrono::steady_clock::now()});
 }
 
+bool local_resource_error(const beast::error_code& ec) {
+  return ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_buffer_space ||
+         ec == asio::error::no_memory;
+}
+
 void UpstreamPool::drop(WorkerId worker) {
   std::lock_guard lock(mu_);
   idle_.erase(worker);
@@ -158,7 +163,11 @@ class ControlRequest : public std::enable_shared_from_this<ControlRequest> {
     stream_.close();
     if (ec) {
       const std::string msg = ec == beast::error::timeout ? "timed out" : ec.message();
-      handler_(make_error(endpoint_.name + ": " + what + ": " + msg, 502, "upstream_error"));
+      if (local_resource_error(ec)) {
+        handler_(make_error(endpoint_.name + ": " + what + ": " + msg, 503, "service_unavailable", kLocalResourcesCode));
+      } else {
+        handler_(make_error(endpoint_.name + ": " + what + ": " + msg, 502, "upstream_error"));
+      }
       return;
     }
     auto& res = parser_.get();

@@ -1001,7 +1001,7 @@ Result<tcp::endpoint> resolve_listen(const std::string& host_port) {
 }
 
 Listener::Listener(asio::io_context& io, Services& services, Kind kind)
-    : io_(io), acceptor_(io), services_(services), kind_(kind) {}
+    : io_(io), acceptor_(io), retry_(io), services_(services), kind_(kind) {}
 
 Result<bool> Listener::open(const tcp::endpoint& endpoint, bool reuse_port) {
   beast::error_code ec;
@@ -1023,6 +1023,7 @@ void Listener::stop() {
   asio::post(acceptor_.get_executor(), [self = shared_from_this()] {
     beast::error_code ec;
     self->acceptor_.close(ec);
+    self->retry_.cancel();
   });
 }
 
@@ -1039,10 +1040,29 @@ void Listener::do_accept() {
     if (!ec) {
       socket.set_option(tcp::no_delay(true), ec);
       std::make_shared<ApiSession>(std::move(socket), self->services_, self->kind_)->run();
+    } else if (backends::local_resource_error(ec)) {
+      return self->accept_later(ec);
     } else {
       LOG_WARN("accept: " << ec.message());
     }
     self->do_accept();
+  });
+}
+
+void Listener::accept_later(const boost::system::error_code& ec) {
+  services_.metrics.error("accept");
+  ++unwarned_;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - warned_at_ >= std::chrono::seconds(10)) {
+    LOG_WARN("accept: " << ec.message() << " (" << unwarned_
+                        << " times since the last warning); new connections wait in the kernel's queue. Each request "
+                           "holds a client and a worker connection: raise the open-files limit (ulimit -n)");
+    warned_at_ = now;
+    unwarned_ = 0;
+  }
+  retry_.expires_after(std::chrono::milliseconds(50));
+  retry_.async_wait([self = shared_from_this()](beast::error_code wait_ec) {
+    if (!wait_ec && self->acceptor_.is_open()) self->do_accept();
   });
 }
 

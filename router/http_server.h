@@ -21,6 +21,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "backends/upstream.h"
 #include "backends/worker_registry.h"
@@ -66,8 +67,14 @@ class Listener : public std::enable_shared_from_this<Listener> {
 
  private:
   void do_accept();
+  // accept() failed for want of a file descriptor or memory: wait before the next try (the connection stays
+  // queued in the kernel, so an immediate retry fails again at once, spinning a core and flooding the log).
+  void accept_later(const boost::system::error_code& ec);
   boost::asio::io_context& io_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer retry_;
+  std::chrono::steady_clock::time_point warned_at_{};  // the last "accept:" warning; later ones are counted
+  std::uint64_t unwarned_ = 0;
   Services& services_;
   Kind kind_;
 };

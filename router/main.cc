@@ -1,4 +1,7 @@
 // kvroute: parse configuration, build the components, run until SIGINT/SIGTERM (then drain and stop).
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <iostream>
@@ -14,6 +17,27 @@
 #include "router/config.h"
 #include "router/log.h"
 
+namespace {
+
+// Every request in flight holds two descriptors (its client's connection and its worker's), so the soft
+// limit on open files (often 1024) caps concurrent streams at about 500: take the hard limit, as the Go
+// runtime does for its servers, and say so when even that is small.
+void raise_open_files_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit want = rl;
+    want.rlim_cur = rl.rlim_max == RLIM_INFINITY ? std::max<rlim_t>(rl.rlim_cur, rlim_t{1} << 20) : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
+  }
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 4096) {
+    LOG_WARN("open-files limit " << rl.rlim_cur << " allows about " << rl.rlim_cur / 2
+                                 << " requests in flight; raise it (ulimit -n, or the container's nofile limit)");
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   bool help = false;
   auto cfg = kvroute::router::load_config(argc, argv, &help);
@@ -26,6 +50,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   kvroute::log::set_level(cfg->log_level);
+  raise_open_files_limit();
   const int threads = cfg->threads > 0 ? cfg->threads : std::max(1u, std::thread::hardware_concurrency());
   // One io_context per thread (share-nothing data path, see router/app.h).
   std::vector<std::unique_ptr<boost::asio::io_context>> contexts;

@@ -1,9 +1,15 @@
 // End-to-end tests of the kvroute daemon in front of real kvroute-sim worker processes on loopback.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
@@ -581,6 +587,74 @@ TEST(RouterE2E, DrainEndsAtItsTimeoutOrASecondSignal) {
     client.join();
     EXPECT_EQ(streamed.body.find("data: [DONE]"), std::string::npos);
   }
+}
+
+
+// CPU seconds (user + system) the process has used, from /proc.
+double cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // after "pid (comm) "
+  std::string f;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(f);  // utime, stime
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// A router out of file descriptors (an open-files limit of 64, held by idle client connections) neither
+// spins nor floods its log, does not take its workers for dead, counts what it could not accept, and serves
+// again as soon as descriptors are free.
+TEST(RouterE2E, OutOfFileDescriptorsWaitsAndRecovers) {
+  const int sim_port = free_port(), api = free_port(), admin = free_port();
+  Process sim = Process::start({bin("kvroute-sim"), "--port", std::to_string(sim_port), "--speed", "50"});
+  ASSERT_TRUE(wait_http(sim_port, "/health", 10s));
+  const std::string log = testing::TempDir() + "/kvroute-e2e-fdlimit.log";
+  std::remove(log.c_str());
+  const std::string cmd = "ulimit -n 64 && exec " + bin("kvroute") + " --listen 127.0.0.1:" + std::to_string(api) +
+                          " --admin-listen 127.0.0.1:" + std::to_string(admin) + " --threads 1 --health-interval 0.2" +
+                          " --worker http://127.0.0.1:" + std::to_string(sim_port) + " >>" + log + " 2>&1";
+  Process router = Process::start({"/bin/sh", "-c", cmd});
+  ASSERT_TRUE(wait_http(api, "/health", 10s));
+  const std::string body = R"({"model":"qwen3-8b","prompt":"hello","max_tokens":2})";
+  ASSERT_EQ(http(api, "POST", "/v1/completions", body).status, 200);
+
+  std::vector<int> held;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(api));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);  // queued by the kernel
+    held.push_back(fd);
+  }
+  std::this_thread::sleep_for(1s);  // the router accepts until it runs out, then waits; health checks go on
+  const double cpu_before = cpu_seconds(router.pid());
+  std::this_thread::sleep_for(1s);
+  EXPECT_LT(cpu_seconds(router.pid()) - cpu_before, 0.3);  // a spinning accept loop uses the whole second
+
+  for (int fd : held) ::close(fd);
+  HttpResponse r;
+  for (int i = 0; i < 40 && r.status != 200; ++i) {  // the idle connections close as the router reads EOF
+    r = http(api, "POST", "/v1/completions", body, {}, 2s);
+    if (r.status != 200) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(r.status, 200) << r.body << r.error;  // the worker was never taken out
+  const std::string metrics = http(admin, "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("kvroute_errors_total{kind=\"accept\"}"), std::string::npos);
+  EXPECT_NE(metrics.find("kvroute_worker_healthy{worker=\"127.0.0.1:" + std::to_string(sim_port) + "\"} 1"),
+            std::string::npos);
+  std::ifstream in(log);
+  int accept_warnings = 0, limit_warnings = 0;
+  for (std::string line; std::getline(in, line);) {
+    accept_warnings += line.find("accept: ") != std::string::npos;
+    limit_warnings += line.find("open-files limit 64") != std::string::npos;
+  }
+  EXPECT_GE(accept_warnings, 1);
+  EXPECT_LE(accept_warnings, 3);  // rate-limited
+  EXPECT_EQ(limit_warnings, 1);   // said at startup
 }
 
 }  // namespace
