@@ -603,6 +603,28 @@ double cpu_seconds(pid_t pid) {
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// CPU seconds the process uses over the next `span`.
+double cpu_seconds_in(pid_t pid, std::chrono::milliseconds span) {
+  const double before = cpu_seconds(pid);
+  std::this_thread::sleep_for(span);
+  return cpu_seconds(pid) - before;
+}
+
+// `n` connections to the port that send nothing (the kernel completes them whether or not the server accepts).
+std::vector<int> idle_connections(int port, int n) {
+  std::vector<int> fds;
+  for (int i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << "connection " << i;
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
 // A router out of file descriptors (an open-files limit of 64, held by idle client connections) neither
 // spins nor floods its log, does not take its workers for dead, counts what it could not accept, and serves
 // again as soon as descriptors are free.
@@ -620,21 +642,9 @@ TEST(RouterE2E, OutOfFileDescriptorsWaitsAndRecovers) {
   const std::string body = R"({"model":"qwen3-8b","prompt":"hello","max_tokens":2})";
   ASSERT_EQ(http(api, "POST", "/v1/completions", body).status, 200);
 
-  std::vector<int> held;
-  for (int i = 0; i < 100; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<std::uint16_t>(api));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);  // queued by the kernel
-    held.push_back(fd);
-  }
+  std::vector<int> held = idle_connections(api, 100);
   std::this_thread::sleep_for(1s);  // the router accepts until it runs out, then waits; health checks go on
-  const double cpu_before = cpu_seconds(router.pid());
-  std::this_thread::sleep_for(1s);
-  EXPECT_LT(cpu_seconds(router.pid()) - cpu_before, 0.3);  // a spinning accept loop uses the whole second
-
+  EXPECT_LT(cpu_seconds_in(router.pid(), 1s), 0.3);  // a spinning accept loop uses the whole second
   for (int fd : held) ::close(fd);
   HttpResponse r;
   for (int i = 0; i < 40 && r.status != 200; ++i) {  // the idle connections close as the router reads EOF
@@ -655,6 +665,20 @@ TEST(RouterE2E, OutOfFileDescriptorsWaitsAndRecovers) {
   EXPECT_GE(accept_warnings, 1);
   EXPECT_LE(accept_warnings, 3);  // rate-limited
   EXPECT_EQ(limit_warnings, 1);   // said at startup
+}
+
+
+// The same for a kvroute-sim worker: out of descriptors it waits instead of spinning, and serves again.
+TEST(RouterE2E, SimWorkerOutOfFileDescriptorsWaitsAndRecovers) {
+  const int port = free_port();
+  Process sim = Process::start(
+      {"/bin/sh", "-c", "ulimit -n 32 && exec " + bin("kvroute-sim") + " --port " + std::to_string(port) + " --speed 50"});
+  ASSERT_TRUE(wait_http(port, "/health", 10s));
+  std::vector<int> held = idle_connections(port, 60);
+  std::this_thread::sleep_for(500ms);
+  EXPECT_LT(cpu_seconds_in(sim.pid(), 1s), 0.3);
+  for (int fd : held) ::close(fd);
+  EXPECT_TRUE(wait_http(port, "/health", 5s));
 }
 
 }  // namespace

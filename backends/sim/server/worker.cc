@@ -4,6 +4,7 @@
 #include <boost/asio/socket_base.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 
@@ -149,7 +150,13 @@ Result<std::shared_ptr<SimWorker>> SimWorker::create(net::io_context& io, SimWor
 }
 
 SimWorker::SimWorker(net::io_context& io, SimWorkerConfig config, Engine engine)
-    : io_(io), config_(std::move(config)), engine_(std::move(engine)), acceptor_(io), timer_(io), load_timer_(io) {}
+    : io_(io),
+      config_(std::move(config)),
+      engine_(std::move(engine)),
+      acceptor_(io),
+      accept_retry_(io),
+      timer_(io),
+      load_timer_(io) {}
 
 SimWorker::~SimWorker() = default;
 
@@ -165,6 +172,7 @@ void SimWorker::stop() {
   stopped_ = true;
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  accept_retry_.cancel();
   timer_.cancel();
   load_timer_.cancel();
   // In-flight requests hold their sessions and the sessions hold this worker: break the cycle.
@@ -180,8 +188,16 @@ void SimWorker::do_accept() {
       socket.set_option(tcp::no_delay(true), ignored);  // SSE chunks must not wait for Nagle
       std::make_shared<SimSession>(std::move(socket), self)->run();
     }
-    // Errors such as EMFILE are per connection; keep accepting.
-    self->do_accept();
+    if (ec == net::error::no_descriptors || ec.value() == ENFILE || ec == net::error::no_buffer_space ||
+        ec == net::error::no_memory) {
+      // The connection stays queued in the kernel: retrying at once would fail at once, spinning a core.
+      self->accept_retry_.expires_after(std::chrono::milliseconds(50));
+      self->accept_retry_.async_wait([self](boost::system::error_code wait_ec) {
+        if (!wait_ec && !self->stopped_) self->do_accept();
+      });
+      return;
+    }
+    self->do_accept();  // other errors concern that one connection
   });
 }
 

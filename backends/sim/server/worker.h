@@ -119,6 +119,7 @@ class SimWorker : public std::enable_shared_from_this<SimWorker> {
   SimWorkerConfig config_;
   Engine engine_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer accept_retry_;  // a failed accept (out of descriptors) is retried after a pause
   boost::asio::steady_timer timer_;
   std::chrono::steady_clock::time_point armed_for_ = std::chrono::steady_clock::time_point::max();
   std::chrono::steady_clock::time_point start_;
