@@ -500,6 +500,12 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     } else {
       down_chunked_ = true;
     }
+    if (down_chunked_ && req_.version() < 11) {
+      // An HTTP/1.0 client knows no chunked coding (RFC 9112 section 6.1): the body ends where the connection
+      // does.
+      down_chunked_ = false;
+      close_after_ = true;
+    }
     if (down_chunked_) append_field(down_head_, "Transfer-Encoding", "chunked");
     if (close_after_) append_field(down_head_, "Connection", "close");
     down_head_.append("\r\n");

@@ -681,5 +681,28 @@ TEST(RouterE2E, SimWorkerOutOfFileDescriptorsWaitsAndRecovers) {
   EXPECT_TRUE(wait_http(port, "/health", 5s));
 }
 
+
+// An HTTP/1.0 client (ApacheBench, or a proxy speaking 1.0 upstream) knows no chunked coding: a stream reaches
+// it unframed, ended by the close of the connection.
+TEST(RouterE2E, Http10ClientsGetStreamsEndedByClose) {
+  Fleet fleet(1);
+  const std::string body = R"({"model":"qwen3-8b","prompt":"hi","max_tokens":5,"stream":true})";
+  for (const std::string version : {"1.0", "1.1"}) {
+    SCOPED_TRACE(version);
+    const std::string request = "POST /v1/completions HTTP/" + version + "\r\nContent-Type: application/json\r\n" +
+                                (version == "1.1" ? "Connection: close\r\n" : "") + "Content-Length: " +
+                                std::to_string(body.size()) + "\r\n\r\n" + body;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string answer = raw_exchange(fleet.api(), request, 5s);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);  // ended by the router's close, not the timeout
+    const std::string head = answer.substr(0, answer.find("\r\n\r\n"));
+    const std::string rest = answer.substr(head.size() + 4);
+    EXPECT_NE(head.find("200 OK"), std::string::npos) << head;
+    EXPECT_EQ(head.find("Transfer-Encoding: chunked") != std::string::npos, version == "1.1") << head;
+    EXPECT_EQ(rest.rfind("data: ", 0) == 0, version == "1.0") << rest.substr(0, 40);  // unframed from its first byte
+    EXPECT_NE(rest.find("data: [DONE]"), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace kvroute::test
