@@ -74,6 +74,7 @@ bool hop_by_hop(http::field f, std::string_view name) {
     case http::field::upgrade:
     case http::field::content_length:
     case http::field::host:
+    case http::field::expect:  // the router answers it itself, and forwards requests whole
       return true;
     default:
       return beast::iequals(name, "proxy-connection");
@@ -195,6 +196,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   // handlers per request). --client-idle-timeout bounds the whole read, from do_read on.
   void do_read() {
     end_exchange();
+    continue_sent_ = false;
     parser_.emplace();
     parser_->header_limit(kHeaderLimit);
     parser_->body_limit(svc_.config.max_body_bytes);
@@ -216,6 +218,16 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       if (ec || n == 0) break;
     }
     if (ec || parser_->is_done()) return on_read(ec, 0);
+    if (parser_->is_header_done() && !continue_sent_ && beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+      // The client waits for this before it sends the body (curl does for bodies over 1 MB, for a second).
+      continue_sent_ = true;
+      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      return asio::async_write(stream_.socket(), asio::buffer(kContinue.data(), kContinue.size()),
+                               [self = shared_from_this()](beast::error_code wec, std::size_t) {
+                                 if (wec) return self->on_read(wec, 0);
+                                 self->read_request();
+                               });
+    }
     stream_.socket().async_read_some(buffer_.prepare(kClientReadChunk),
                                      beast::bind_front_handler(&ApiSession::on_client_bytes, shared_from_this()));
   }
@@ -436,11 +448,15 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   void on_upstream_write(beast::error_code ec, std::size_t) {
     if (!lease_.stream) return;
     if (ec) return upstream_failed("sending to worker " + worker_->name() + ": " + ec.message(), lease_.reused);
+    up_buffer_.clear();
+    new_upstream_parser();
+    read_upstream_head();
+  }
+
+  void new_upstream_parser() {
     up_parser_.emplace();
     up_parser_->body_limit(boost::none);
     up_parser_->header_limit(kHeaderLimit);
-    up_buffer_.clear();
-    read_upstream_head();
   }
 
   // Reads until the worker's head is complete; body bytes that came with it stay in up_buffer_.
@@ -452,7 +468,15 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       if (ec == http::error::need_more) ec = {};
     }
     if (ec) return upstream_failed("reading from worker " + worker_->name() + ": " + ec.message(), false);
-    if (up_parser_->is_header_done()) return on_upstream_header();
+    if (up_parser_->is_header_done()) {
+      // An interim response (100 Continue, 103 Early Hints) precedes the real one: skip it.
+      const unsigned status = up_parser_->get().result_int();
+      if (status >= 100 && status < 200 && status != 101) {
+        new_upstream_parser();
+        return read_upstream_head();
+      }
+      return on_upstream_header();
+    }
     lease_.stream->socket().async_read_some(
         up_buffer_.prepare(kRelayChunk),
         asio::bind_executor(stream_.get_executor(),
@@ -951,6 +975,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool reading_ = false;  // a request is being read (the idle timeout applies)
+  bool continue_sent_ = false;  // "100 Continue" answered this request's Expect
   LazyDeadline<ApiSession> idle_{stream_.get_executor(), &ApiSession::on_idle};  // --client-idle-timeout
   http::request<http::string_body> req_;
   std::string request_id_;

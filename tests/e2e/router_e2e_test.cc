@@ -2,6 +2,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -702,6 +703,86 @@ TEST(RouterE2E, Http10ClientsGetStreamsEndedByClose) {
     EXPECT_EQ(rest.rfind("data: ", 0) == 0, version == "1.0") << rest.substr(0, 40);  // unframed from its first byte
     EXPECT_NE(rest.find("data: [DONE]"), std::string::npos);
   }
+}
+
+
+// A client that sends `Expect: 100-continue` (curl does for bodies over 1 MB) waits for "100 Continue" before
+// its body: the router answers it at once, reads the body, and returns the worker's response as the final
+// one. (It used to forward the Expect, relay the worker's 100 as if final, and leave the client hanging.)
+TEST(RouterE2E, ExpectContinueIsAnsweredByTheRouter) {
+  Fleet fleet(1);
+  const std::string body = R"({"model":"qwen3-8b","prompt":"expect continue","max_tokens":3})";
+  const int fd = idle_connections(fleet.api(), 1).front();
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           "Expect: 100-continue\r\nConnection: close\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\n\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), 0), static_cast<ssize_t>(head.size()));
+  auto read_some = [&] {
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+  };
+  EXPECT_EQ(read_some(), "HTTP/1.1 100 Continue\r\n\r\n");  // within the 2 s receive timeout
+  ASSERT_EQ(::send(fd, body.data(), body.size(), 0), static_cast<ssize_t>(body.size()));
+  std::string answer;
+  for (std::string piece = read_some(); !piece.empty(); piece = read_some()) answer += piece;
+  ::close(fd);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << answer.substr(0, 200);
+  EXPECT_NE(answer.find("\"completion_tokens\":3"), std::string::npos) << answer;
+}
+
+
+// A worker that sends an interim response first (103 Early Hints; a server may also send 100 Continue
+// unasked): the client gets the final response, with its body, as the response. The worker here is a raw
+// socket that answers every request so, health checks included.
+TEST(RouterE2E, InterimResponsesOfWorkersAreSkipped) {
+  const int worker_port = free_port();
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(worker_port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 16), 0);
+  const std::string final_body = R"({"id":"x","object":"text_completion","choices":[{"text":"ok"}],)"
+                                 R"("usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}})";
+  std::atomic<bool> stop{false};
+  std::thread worker([&] {
+    while (!stop) {
+      const int c = ::accept(listener, nullptr, nullptr);
+      if (c < 0) break;
+      std::string request;
+      char buf[8192];
+      while (request.find("\r\n\r\n") == std::string::npos) {
+        const ssize_t n = ::recv(c, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        request.append(buf, static_cast<std::size_t>(n));
+      }
+      const std::string answer = "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+                                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                                 "Content-Length: " + std::to_string(final_body.size()) + "\r\n\r\n" + final_body;
+      ::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+      ::close(c);
+    }
+  });
+  const int api = free_port(), admin = free_port();
+  {
+    Process router = Process::start({bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
+                                     "127.0.0.1:" + std::to_string(admin), "--worker",
+                                     "http://127.0.0.1:" + std::to_string(worker_port), "--metrics-interval", "0"});
+    ASSERT_TRUE(wait_http(api, "/health", 10s));
+    auto r = http(api, "POST", "/v1/completions", R"({"model":"m","prompt":"hello","max_tokens":1})", {}, 5s);
+    EXPECT_EQ(r.status, 200) << r.error;
+    EXPECT_EQ(r.body, final_body);
+  }
+  stop = true;
+  ::shutdown(listener, SHUT_RDWR);
+  ::close(listener);
+  worker.join();
 }
 
 }  // namespace
