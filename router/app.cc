@@ -60,7 +60,7 @@ Result<bool> App::start() {
                                                             [this](hashing::WorkerId id, boost::json::object& o) {
                                                               describe_events(id, o);
                                                             },
-                                                            drain_}));
+                                                            drains_.emplace_back(std::make_shared<DrainState>())}));
   }
 
   auto api_ep = resolve_listen(config_.listen);
@@ -214,8 +214,14 @@ void App::on_stream_liveness(hashing::WorkerId id, bool live, std::string_view r
 }
 
 void App::begin_drain() {
-  drain_->draining = true;
+  for (auto& d : drains_) d->draining = true;
   for (auto& l : api_) l->stop();
+}
+
+int App::in_flight() const {
+  int n = 0;
+  for (const auto& d : drains_) n += d->active.load();
+  return n;
 }
 
 void App::stop() {

@@ -38,7 +38,7 @@ class App {
   // Graceful shutdown, first step: the API listeners stop accepting, /ready answers 503 and every response
   // closes its connection. Requests in flight go on; stop() once in_flight() is 0 or the drain timeout passed.
   void begin_drain();
-  int in_flight() const { return drain_->active.load(); }
+  int in_flight() const;
   void stop();
 
   const Config& config() const { return config_; }
@@ -64,7 +64,7 @@ class App {
   std::unique_ptr<Router> router_;
   std::vector<std::unique_ptr<backends::UpstreamPool>> pools_;  // one per context
   std::unique_ptr<TokenizeCache> tokenize_cache_;
-  std::shared_ptr<DrainState> drain_ = std::make_shared<DrainState>();
+  std::vector<std::shared_ptr<DrainState>> drains_;  // one per context (no counter shared between threads)
   std::vector<std::unique_ptr<Services>> services_;             // one per context
   std::shared_ptr<backends::HealthChecker> health_;
   std::shared_ptr<backends::TelemetryPoller> telemetry_;

@@ -32,9 +32,9 @@
 
 namespace kvroute::router {
 
-// Graceful shutdown (App::begin_drain): while `draining`, the API listeners accept nothing, /ready answers 503
-// and every response closes its connection; `active` counts the API requests read and not yet answered in
-// full, which the daemon waits for (--drain-timeout).
+// Graceful shutdown (App::begin_drain), one per I/O thread: while `draining`, the API listeners accept nothing,
+// /ready answers 503 and every response closes its connection; `active` counts the thread's API requests read
+// and not yet answered in full, which the daemon waits for (--drain-timeout).
 struct DrainState {
   std::atomic<bool> draining{false};
   std::atomic<int> active{0};
