@@ -218,8 +218,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       if (ec || n == 0) break;
     }
     if (ec || parser_->is_done()) return on_read(ec, 0);
-    if (parser_->is_header_done() && !continue_sent_ && beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+    if (parser_->is_header_done() && !continue_sent_ && parser_->get().version() >= 11 &&
+        beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
       // The client waits for this before it sends the body (curl does for bodies over 1 MB, for a second).
+      // A body over --max-body-bytes has failed the parse already: it gets its 413 instead.
       continue_sent_ = true;
       static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
       return asio::async_write(stream_.socket(), asio::buffer(kContinue.data(), kContinue.size()),
@@ -1085,9 +1087,9 @@ void Listener::accept_later(const boost::system::error_code& ec) {
   ++unwarned_;
   const auto now = std::chrono::steady_clock::now();
   if (now - warned_at_ >= std::chrono::seconds(10)) {
-    LOG_WARN("accept: " << ec.message() << " (" << unwarned_
-                        << " times since the last warning); new connections wait in the kernel's queue. Each request "
-                           "holds a client and a worker connection: raise the open-files limit (ulimit -n)");
+    LOG_WARN("accept: " << ec.message() << " (" << unwarned_ << " failed accepts since the last warning)"
+                        << "; new connections wait in the kernel's queue. Each request holds a client and a worker "
+                           "connection: raise the open-files limit (ulimit -n)");
     warned_at_ = now;
     unwarned_ = 0;
   }
