@@ -75,11 +75,7 @@ int main(int argc, char** argv) {
     app.stop();
     for (auto& c : contexts) c->stop();
   };
-  const auto drain_deadline = [&] {
-    return std::chrono::steady_clock::now() +
-           std::chrono::milliseconds(static_cast<long long>(cfg->drain_timeout_s * 1000.0));
-  };
-  std::chrono::steady_clock::time_point deadline;
+  std::chrono::steady_clock::time_point deadline;  // of the drain; unset until the first signal
   std::function<void()> poll_drain = [&] {
     if (app.in_flight() == 0) return stop("drained");
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -94,7 +90,8 @@ int main(int argc, char** argv) {
   std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec, int) {
     if (ec) return;
     if (cfg->drain_timeout_s <= 0 || deadline != std::chrono::steady_clock::time_point{}) return stop("signal");
-    deadline = drain_deadline();
+    deadline = std::chrono::steady_clock::now() +
+               std::chrono::milliseconds(static_cast<long long>(cfg->drain_timeout_s * 1000.0));
     LOG_INFO("draining: no new connections, " << app.in_flight() << " requests in flight may take up to "
                                               << cfg->drain_timeout_s << " s; a second signal stops at once");
     app.begin_drain();
