@@ -73,6 +73,8 @@ class Worker {
 
   bool healthy() const { return healthy_.load(std::memory_order_relaxed); }
   void set_healthy(bool h) { healthy_.store(h, std::memory_order_relaxed); }
+  // Takes the worker out of rotation; true when this call did (it was healthy), so one caller reports it.
+  bool mark_unhealthy() { return healthy_.exchange(false, std::memory_order_relaxed); }
 
   // Precise mode: the worker's KV event stream is live, so the index holds what it reports and the router
   // records no predictions for it. Approximate mode otherwise.

@@ -60,7 +60,10 @@ Result<bool> App::start() {
                                                             [this](hashing::WorkerId id, boost::json::object& o) {
                                                               describe_events(id, o);
                                                             },
-                                                            drains_.emplace_back(std::make_shared<DrainState>())}));
+                                                            drains_.emplace_back(std::make_shared<DrainState>()),
+                                                            [this](backends::Worker& w, const std::string& why) {
+                                                              if (w.mark_unhealthy()) on_health_change(w, false, why);
+                                                            }}));
   }
 
   auto api_ep = resolve_listen(config_.listen);
@@ -82,15 +85,8 @@ Result<bool> App::start() {
   hopts.unhealthy_threshold = config_.unhealthy_threshold;
   hopts.healthy_threshold = config_.healthy_threshold;
   health_ = std::make_shared<backends::HealthChecker>(
-      io_.get_executor(), registry_, hopts, [this](const backends::Worker& w, bool up) {
-        if (up) {
-          LOG_INFO("worker " << w.name() << " is healthy again");
-        } else {
-          LOG_WARN("worker " << w.name() << " failed its health checks; taken out of rotation");
-          for (auto& pool : pools_) pool->drop(w.id());
-        }
-        if (auto s = metrics_.worker(w.id())) s->healthy->Set(up ? 1 : 0);
-      });
+      io_.get_executor(), registry_, hopts,
+      [this](const backends::Worker& w, bool up) { on_health_change(w, up, "failed its health checks"); });
   health_->start();
   if (config_.metrics_interval_s > 0) {
     telemetry_ = std::make_shared<backends::TelemetryPoller>(
@@ -211,6 +207,16 @@ void App::on_stream_liveness(hashing::WorkerId id, bool live, std::string_view r
   }
   worker->set_precise(live);
   if (auto s = metrics_.worker(id)) s->precise_mode->Set(live ? 1 : 0);
+}
+
+void App::on_health_change(const backends::Worker& w, bool up, const std::string& why) {
+  if (up) {
+    LOG_INFO("worker " << w.name() << " is healthy again");
+  } else {
+    LOG_WARN("worker " << w.name() << " " << why << "; taken out of rotation until its health checks pass");
+    for (auto& pool : pools_) pool->drop(w.id());
+  }
+  if (auto s = metrics_.worker(w.id())) s->healthy->Set(up ? 1 : 0);
 }
 
 void App::begin_drain() {

@@ -53,6 +53,8 @@ class App {
   void subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint& ep, const std::string& model);
   void on_stream_liveness(hashing::WorkerId id, bool live, std::string_view reason);
   void describe_events(hashing::WorkerId id, boost::json::object& out);
+  // A worker's health changed (active checks, or a failed connection): logs, pools, the healthy gauge.
+  void on_health_change(const backends::Worker& w, bool up, const std::string& why);
   // A worker's load report (polled /metrics, or a native LoadReport event): KV capacity and usage.
   void on_telemetry(const backends::Worker& w, const backends::WorkerTelemetry& t);
 

@@ -40,6 +40,7 @@ constexpr std::size_t kHeaderLimit = 64 * 1024;
 constexpr std::size_t kRelayChunk = 16 * 1024;
 constexpr std::size_t kClientReadChunk = 16 * 1024;
 constexpr std::size_t kUsageTail = 16 * 1024;  // bytes of the response end kept to read `usage` from
+constexpr int kMaxReroutes = 2;  // other workers tried for a request whose worker refused the connection
 
 std::chrono::steady_clock::duration seconds(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
@@ -305,6 +306,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       auto worker = svc_.router.any_healthy();
       if (!worker) return send_error(make_error("no healthy worker is available", 503, "service_unavailable", "no_healthy_worker"));
       decision_.reset();
+      reroutes_ = 0;
       strip_usage_ = false;
       up_body_.clear();
       return forward(std::move(worker));
@@ -383,12 +385,14 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   void route_parsed(RoutableRequest parsed, std::chrono::steady_clock::time_point t0) {
+    reroutes_ = 0;
     auto decision = svc_.router.route(parsed);
     if (!decision) return send_error(decision.error());
     decision_ = std::move(*decision);
     decision_->start = t0;
     strip_usage_ = parsed.strip_usage;
     up_body_ = std::move(parsed.upstream_body);
+    routable_ = std::move(parsed);  // kept to route again if the worker cannot be reached
     LOG_DEBUG("request " << request_id_ << " -> " << decision_->worker->name() << " ("
               << policy::reason_name(decision_->pick.reason) << ", predicted cached "
               << decision_->pick.predicted_cached_tokens << "/" << decision_->prompt_tokens << ")");
@@ -430,7 +434,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   void on_connect(beast::error_code ec, backends::UpstreamPool::Lease lease) {
-    if (ec) return upstream_failed("cannot connect to worker " + worker_->name() + ": " + ec.message(), false);
+    if (ec) return connect_failed(ec);
     lease_ = std::move(lease);
     // The exchange runs on the plain sockets (tcp_stream arms its timer on every operation): --request-timeout
     // holds for the whole exchange, from here to the end of the relayed body.
@@ -698,6 +702,36 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     }
     // up_parser_ and the heads stay until the next exchange replaces them: after client_gone() an operation
     // that was already under way may still complete into them.
+  }
+
+  // Nothing was sent, so the request can go elsewhere: a worker that refuses connections (or does not answer
+  // them within --connect-timeout) is taken out of rotation at once, without waiting for its health checks,
+  // and the request is routed again, up to kMaxReroutes times. Out of descriptors here, no worker is to blame.
+  void connect_failed(beast::error_code ec) {
+    const std::string why = "cannot connect to worker " + worker_->name() + ": " +
+                            (ec == beast::error::timeout ? std::string("timed out") : ec.message());
+    if (backends::local_resource_error(ec)) return upstream_failed(why, false, 503, "router_overloaded");
+    svc_.worker_unreachable(*worker_, why);
+    if (reroutes_ >= kMaxReroutes) return upstream_failed(why, false);
+    ++reroutes_;
+    LOG_INFO("request " << request_id_ << ": " << why << "; routing it again");
+    std::shared_ptr<backends::Worker> next;
+    if (decision_) {
+      const auto t0 = decision_->start;
+      svc_.router.complete(*decision_, Outcome{false, std::nullopt});
+      decision_.reset();
+      auto again = svc_.router.route(*routable_);
+      if (!again) return send_error(again.error());
+      decision_ = std::move(*again);
+      decision_->start = t0;
+      next = decision_->worker;
+    } else {
+      next = svc_.router.any_healthy();
+      if (!next) {
+        return send_error(make_error("no healthy worker is available", 503, "service_unavailable", "no_healthy_worker"));
+      }
+    }
+    forward(std::move(next));
   }
 
   void upstream_failed(const std::string& why, bool retry_fresh, unsigned status = 502,
@@ -985,6 +1019,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   bool counted_ = false;  // this request is in DrainState::active
 
   std::optional<Decision> decision_;
+  std::optional<RoutableRequest> routable_;  // the routed request, for routing it again (connect_failed)
+  int reroutes_ = 0;
   std::shared_ptr<backends::Worker> worker_;
   std::string up_head_;          // start line and fields of the request to the worker
   std::string_view up_body_view_;  // its body: up_body_ or req_'s

@@ -52,6 +52,8 @@ struct Services {
   // Shared with the sessions: one still queued when the daemon exits is destroyed with its io_context, after
   // the App and these Services.
   std::shared_ptr<DrainState> drain;
+  // A worker that could not be connected to: out of rotation until its health checks pass again.
+  std::function<void(backends::Worker&, const std::string& why)> worker_unreachable;
 };
 
 class Listener : public std::enable_shared_from_this<Listener> {

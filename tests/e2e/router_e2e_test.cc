@@ -785,5 +785,39 @@ TEST(RouterE2E, InterimResponsesOfWorkersAreSkipped) {
   worker.join();
 }
 
+
+// A worker that dies between health checks costs no request: the request whose connection it refuses is
+// routed to another worker, and the dead one is out of rotation at once (health checks every 60 s here, so
+// they play no part), until its health checks pass again. The same holds for passed-through routes.
+TEST(RouterE2E, RefusedConnectionIsRoutedElsewhere) {
+  {
+    Fleet fleet(2, {"--health-interval", "60"});
+    std::map<std::string, int> served;
+    auto send = [&](const std::string& tag) {
+      for (int i = 0; i < 12; ++i) {
+        json::object body{{"model", "qwen3-8b"}, {"prompt", tag + " prompt " + std::to_string(i)}, {"max_tokens", 1}};
+        auto r = http(fleet.api(), "POST", "/v1/completions", json::serialize(body));
+        EXPECT_EQ(r.status, 200) << r.body << r.error;
+        ++served[r.header("x-kvroute-worker")];
+      }
+    };
+    send("before");
+    EXPECT_GT(served[fleet.worker_name(0)], 0);  // both workers take requests
+    fleet.kill_worker(0);
+    served.clear();
+    send("after");
+    EXPECT_EQ(served[fleet.worker_name(1)], 12);
+    const std::string metrics = http(fleet.admin(), "GET", "/metrics").body;
+    EXPECT_NE(metrics.find("kvroute_worker_healthy{worker=\"" + fleet.worker_name(0) + "\"} 0"), std::string::npos);
+  }
+  {
+    Fleet fleet(2, {"--health-interval", "60"});
+    fleet.kill_worker(0);  // the least loaded worker, the first a passed-through request goes to
+    auto r = http(fleet.api(), "GET", "/v1/no-such-route");
+    EXPECT_EQ(r.header("x-kvroute-worker"), fleet.worker_name(1)) << r.status << " " << r.body;
+    EXPECT_NE(r.status, 502);
+  }
+}
+
 }  // namespace
 }  // namespace kvroute::test
