@@ -126,6 +126,10 @@ const std::vector<Option>& options() {
        DOUBLE_OPT(drain_timeout_s, 0, 86400)},
       {"worker-header", "BOOL", "add x-kvroute-worker to every routed response (default true)",
        [](Config& c, const std::string& v) { return parse_bool(v, c.worker_header); }},
+      {"access-log", "BOOL",
+       "write one JSON line per API request to stdout: time, request id, method, path, status, worker, routing "
+       "reason, prompt / predicted cached / cached tokens, TTFT and duration (default false)",
+       [](Config& c, const std::string& v) { return parse_bool(v, c.access_log); }},
       {"block-tokens", "N", "tokens per block when requests carry token ids (default 16)",
        INT_OPT(std::uint32_t, block_tokens, 1, 4096)},
       {"block-bytes", "N", "bytes of routing text per block (default 64)", INT_OPT(std::uint32_t, block_bytes, 4, 65536)},

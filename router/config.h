@@ -37,6 +37,7 @@ struct Config {
   double client_idle_timeout_s = 60;
   double drain_timeout_s = 30;      // on SIGTERM, how long requests in flight may take to finish
   bool worker_header = true;        // add x-kvroute-worker to responses
+  bool access_log = false;          // one JSON line per API request on stdout
 
   // Hashing (docs/hashing.md).
   std::uint32_t block_tokens = 16;

@@ -272,6 +272,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (kind_ == Listener::Kind::kApi) {
       counted_ = true;
       ++drain_->active;
+      access_ = AccessRecord{};
+      access_.at = std::chrono::system_clock::now();
+      access_.start = std::chrono::steady_clock::now();
+      worker_.reset();
     }
     request_id_ = std::string(req_["x-request-id"]);
     if (request_id_.empty() || request_id_.size() > 200) request_id_ = new_request_id();
@@ -393,6 +397,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     strip_usage_ = parsed.strip_usage;
     up_body_ = std::move(parsed.upstream_body);
     routable_ = std::move(parsed);  // kept to route again if the worker cannot be reached
+    note_decision();
     LOG_DEBUG("request " << request_id_ << " -> " << decision_->worker->name() << " ("
               << policy::reason_name(decision_->pick.reason) << ", predicted cached "
               << decision_->pick.predicted_cached_tokens << "/" << decision_->prompt_tokens << ")");
@@ -501,6 +506,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     awaiting_head_ = false;
     auto& up = up_parser_->get();
     status_ = up.result_int();
+    access_.status = status_;
     down_head_.clear();
     down_head_.append("HTTP/1.1 ");
     down_head_.append(std::to_string(status_));
@@ -697,6 +703,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       Outcome o;
       o.ok = ok;
       o.usage = find_usage(tail_);
+      if (decision_->first_byte_seen) access_.ttft_s = decision_->ttft_s;
+      access_.usage = o.usage;
       svc_.router.complete(*decision_, o);
       decision_.reset();
     }
@@ -724,6 +732,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       if (!again) return send_error(again.error());
       decision_ = std::move(*again);
       decision_->start = t0;
+      note_decision();
       next = decision_->worker;
     } else {
       next = svc_.router.any_healthy();
@@ -781,6 +790,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       lease_.stream->socket().close(ignored);
     }
     LOG_DEBUG("request " << request_id_ << ": client disconnected; upstream request cancelled");
+    access_.client_gone = true;
     svc_.metrics.error("client_disconnected");
     finish(false, false);
     do_close();
@@ -978,6 +988,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   void write_response(std::shared_ptr<http::response<http::string_body>> res) {
+    access_.status = res->result_int();
     common_headers(*res, request_id_);
     res->keep_alive(!close_after_);
     res->prepare_payload();
@@ -993,6 +1004,54 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (!counted_) return;
     counted_ = false;
     --drain_->active;
+    if (svc_.config.access_log) write_access_log();
+  }
+
+  // ---- access log (--access-log) ----
+  struct AccessRecord {
+    std::chrono::system_clock::time_point at;     // the request was read
+    std::chrono::steady_clock::time_point start;
+    unsigned status = 0;                           // 0: no answer was sent
+    bool client_gone = false;                      // the client left before the response ended
+    std::string_view reason;                       // the routing decision's, for prefix-routed requests
+    std::uint64_t prompt_tokens = 0, predicted_cached_tokens = 0;
+    std::optional<Usage> usage;                    // what the worker reported
+    double ttft_s = -1;
+  };
+
+  void note_decision() {
+    access_.reason = policy::reason_name(decision_->pick.reason);
+    access_.prompt_tokens = decision_->prompt_tokens;
+    access_.predicted_cached_tokens = decision_->pick.predicted_cached_tokens;
+  }
+
+  // One JSON object per line on stdout (one fwrite, so lines of different threads do not mix).
+  void write_access_log() {
+    json::object o;
+    o["time"] = log::timestamp(access_.at);
+    o["request_id"] = request_id_;
+    o["method"] = req_.method_string();
+    std::string_view target = req_.target();
+    o["path"] = target.substr(0, target.find('?'));
+    o["status"] = access_.status;
+    if (access_.client_gone) o["client_gone"] = true;
+    if (worker_) o["worker"] = worker_->name();
+    if (!access_.reason.empty()) {
+      o["reason"] = access_.reason;
+      o["predicted_cached_tokens"] = access_.predicted_cached_tokens;
+    }
+    if (access_.usage) {
+      o["prompt_tokens"] = access_.usage->prompt_tokens;
+      o["cached_tokens"] = access_.usage->cached_tokens;
+      o["completion_tokens"] = access_.usage->completion_tokens;
+    } else if (access_.prompt_tokens > 0) {
+      o["prompt_tokens"] = access_.prompt_tokens;  // the router's estimate: the worker reported none
+    }
+    if (access_.ttft_s >= 0) o["ttft_s"] = access_.ttft_s;
+    o["duration_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - access_.start).count();
+    std::string line = json::serialize(o);
+    line.push_back('\n');
+    std::fwrite(line.data(), 1, line.size(), stdout);
   }
 
   void do_close() {
@@ -1017,6 +1076,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   std::string request_id_;
   bool close_after_ = false;
   bool counted_ = false;  // this request is in DrainState::active
+  AccessRecord access_;
 
   std::optional<Decision> decision_;
   std::optional<RoutableRequest> routable_;  // the routed request, for routing it again (connect_failed)

@@ -21,16 +21,18 @@ void set_level(const std::string& name) {
 
 bool enabled(Level l) { return static_cast<int>(l) <= g_level.load(std::memory_order_relaxed); }
 
-void write(Level l, const std::string& line) {
-  const auto now = std::chrono::system_clock::now();
+std::string timestamp(std::chrono::system_clock::time_point now) {
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   std::tm tm{};
   gmtime_r(&t, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
-  std::string out = std::string(stamp) + "." + std::to_string(1000 + ms).substr(1) + "Z " + kNames[static_cast<int>(l)] +
-                    " " + line + "\n";
+  return std::string(stamp) + "." + std::to_string(1000 + ms).substr(1) + "Z";
+}
+
+void write(Level l, const std::string& line) {
+  std::string out = timestamp(std::chrono::system_clock::now()) + " " + kNames[static_cast<int>(l)] + " " + line + "\n";
   [[maybe_unused]] auto n = ::write(2, out.data(), out.size());
 }
 

@@ -3,6 +3,7 @@
 //   LOG_INFO("worker " << name << " is healthy again");
 #pragma once
 
+#include <chrono>
 #include <sstream>
 #include <string>
 
@@ -12,6 +13,8 @@ enum class Level { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
 void set_level(const std::string& name);
 bool enabled(Level l);
 void write(Level l, const std::string& line);
+// "2026-01-31T12:34:56.789Z": the UTC time, to the millisecond, as each log line starts.
+std::string timestamp(std::chrono::system_clock::time_point t);
 
 }  // namespace kvroute::log
 

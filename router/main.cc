@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   }
   kvroute::log::set_level(cfg->log_level);
   raise_open_files_limit();
+  if (cfg->access_log) std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each access-log line leaves at once
   const int threads = cfg->threads > 0 ? cfg->threads : std::max(1u, std::thread::hardware_concurrency());
   // One io_context per thread (share-nothing data path, see router/app.h).
   std::vector<std::unique_ptr<boost::asio::io_context>> contexts;

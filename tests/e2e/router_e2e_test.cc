@@ -819,5 +819,57 @@ TEST(RouterE2E, RefusedConnectionIsRoutedElsewhere) {
   }
 }
 
+
+// --access-log: one JSON line per API request on stdout, whatever its outcome.
+TEST(RouterE2E, AccessLogHasALinePerRequest) {
+  const std::string log = testing::TempDir() + "/kvroute-e2e-access.log";
+  std::remove(log.c_str());
+  const int sim_port = free_port(), api = free_port(), admin = free_port();
+  Process sim = Process::start({bin("kvroute-sim"), "--port", std::to_string(sim_port), "--speed", "50"});
+  ASSERT_TRUE(wait_http(sim_port, "/health", 10s));
+  {
+    Process router = Process::start({"/bin/sh", "-c",
+                                     "exec " + bin("kvroute") + " --listen 127.0.0.1:" + std::to_string(api) +
+                                         " --admin-listen 127.0.0.1:" + std::to_string(admin) + " --worker http://127.0.0.1:" +
+                                         std::to_string(sim_port) + " --access-log true >" + log + " 2>/dev/null"});
+    ASSERT_TRUE(wait_http(api, "/health", 10s));
+    json::array messages;
+    messages.push_back(json::object{{"role", "user"}, {"content", "access log " + std::string(200, 'a')}});
+    EXPECT_EQ(http(api, "POST", "/v1/chat/completions", chat_body(messages, 3), {{"x-request-id", "acc-plain"}}).status, 200);
+    EXPECT_EQ(http_stream(api, "POST", "/v1/chat/completions", chat_body(messages, 3, true), {{"x-request-id", "acc-stream"}},
+                          [](const std::string&, auto) {}).status,
+              200);
+    EXPECT_EQ(http(api, "POST", "/v1/chat/completions", "{bad", {{"x-request-id", "acc-bad"}}).status, 400);
+    EXPECT_EQ(http(api, "GET", "/nowhere?x=1", "", {{"x-request-id", "acc-404"}}).status, 404);
+    std::this_thread::sleep_for(200ms);
+  }
+  std::map<std::string, json::object> lines;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    auto v = json::parse(line);  // every line is JSON
+    lines[std::string(v.at("request_id").as_string())] = v.as_object();
+  }
+  ASSERT_EQ(lines.size(), 5u);  // the four requests and wait_http's /health
+  const auto& plain = lines["acc-plain"];
+  EXPECT_EQ(plain.at("status"), 200);
+  EXPECT_EQ(plain.at("method"), "POST");
+  EXPECT_EQ(plain.at("path"), "/v1/chat/completions");
+  EXPECT_EQ(plain.at("worker").as_string(), "127.0.0.1:" + std::to_string(sim_port));
+  EXPECT_EQ(plain.at("reason"), "cold");
+  EXPECT_GT(plain.at("prompt_tokens").to_number<double>(), 40);
+  EXPECT_EQ(plain.at("completion_tokens"), 3);
+  EXPECT_GT(plain.at("duration_s").to_number<double>(), 0);
+  EXPECT_EQ(plain.at("time").as_string().size(), 24u);  // 2026-01-31T12:34:56.789Z
+  const auto& streamed = lines["acc-stream"];
+  EXPECT_EQ(streamed.at("reason"), "prefix_hit");  // the same prompt again, on the worker that holds it
+  EXPECT_GT(streamed.at("cached_tokens").to_number<double>(), 0);
+  EXPECT_GT(streamed.at("ttft_s").to_number<double>(), 0);
+  EXPECT_LE(streamed.at("ttft_s").to_number<double>(), streamed.at("duration_s").to_number<double>());
+  EXPECT_EQ(lines["acc-bad"].at("status"), 400);
+  EXPECT_FALSE(lines["acc-bad"].contains("worker"));
+  EXPECT_EQ(lines["acc-404"].at("status"), 404);
+  EXPECT_EQ(lines["acc-404"].at("path"), "/nowhere");
+}
+
 }  // namespace
 }  // namespace kvroute::test
