@@ -272,10 +272,12 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (kind_ == Listener::Kind::kApi) {
       counted_ = true;
       ++drain_->active;
-      access_ = AccessRecord{};
-      access_.at = std::chrono::system_clock::now();
-      access_.start = std::chrono::steady_clock::now();
-      worker_.reset();
+      if (svc_.config.access_log) {
+        access_ = AccessRecord{};
+        access_.at = std::chrono::system_clock::now();
+        access_.start = std::chrono::steady_clock::now();
+        worker_.reset();
+      }
     }
     request_id_ = std::string(req_["x-request-id"]);
     if (request_id_.empty() || request_id_.size() > 200) request_id_ = new_request_id();
