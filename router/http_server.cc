@@ -184,7 +184,7 @@ class LazyDeadline {
 class ApiSession : public std::enable_shared_from_this<ApiSession> {
  public:
   ApiSession(tcp::socket&& socket, Services& svc, Listener::Kind kind)
-      : stream_(std::move(socket)), svc_(svc), kind_(kind), drain_(svc.drain) {}
+      : stream_(std::move(socket)), svc_(svc), kind_(kind), drain_(svc.drain), access_log_(svc.config.access_log) {}
   ~ApiSession() { end_exchange(); }
 
   void run() {
@@ -272,7 +272,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (kind_ == Listener::Kind::kApi) {
       counted_ = true;
       ++drain_->active;
-      if (svc_.config.access_log) {
+      if (access_log_) {
         access_ = AccessRecord{};
         access_.at = std::chrono::system_clock::now();
         access_.start = std::chrono::steady_clock::now();
@@ -1006,7 +1006,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (!counted_) return;
     counted_ = false;
     --drain_->active;
-    if (svc_.config.access_log) write_access_log();
+    if (access_log_) write_access_log();
   }
 
   // ---- access log (--access-log) ----
@@ -1068,7 +1068,9 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   beast::tcp_stream stream_;
   Services& svc_;
   Listener::Kind kind_;
-  std::shared_ptr<DrainState> drain_;  // outlives svc_ (see Services::drain)
+  // The session may outlive svc_ (see Services::drain): what its destructor needs is its own.
+  std::shared_ptr<DrainState> drain_;
+  const bool access_log_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool reading_ = false;  // a request is being read (the idle timeout applies)
