@@ -693,7 +693,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   // Ends the exchange once: releases the upstream connection and tells the router how it went.
-  void finish(bool ok, bool reusable) {
+  void finish(bool ok, bool reusable, bool worker_failed = true) {
     ++generation_;
     beast::error_code ignored;
     if (lease_.stream) {
@@ -704,6 +704,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (decision_) {
       Outcome o;
       o.ok = ok;
+      o.worker_failed = worker_failed;
       o.usage = find_usage(tail_);
       if (decision_->first_byte_seen) access_.ttft_s = decision_->ttft_s;
       access_.usage = o.usage;
@@ -728,7 +729,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     std::shared_ptr<backends::Worker> next;
     if (decision_) {
       const auto t0 = decision_->start;
-      svc_.router.complete(*decision_, Outcome{false, std::nullopt});
+      svc_.router.complete(*decision_, Outcome{false, std::nullopt, /*worker_failed=*/false});
       decision_.reset();
       auto again = svc_.router.route(*routable_);
       if (!again) return send_error(again.error());
@@ -794,7 +795,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     LOG_DEBUG("request " << request_id_ << ": client disconnected; upstream request cancelled");
     access_.client_gone = true;
     svc_.metrics.error("client_disconnected");
-    finish(false, false);
+    finish(false, false, /*worker_failed=*/false);
     do_close();
   }
 

@@ -157,7 +157,7 @@ void Router::complete(Decision& d, const Outcome& outcome) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
   d.worker->end(d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
   metrics_.request_seconds(total);
-  if (!outcome.ok) metrics_.error("upstream");
+  if (!outcome.ok && outcome.worker_failed) metrics_.error("upstream");
   // A worker removed while the request ran: its id (the key of the index, the learned rates and the
   // per-worker metrics) may belong to another worker by now.
   if (d.worker->removed()) return;

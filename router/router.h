@@ -52,6 +52,9 @@ struct Usage {
 struct Outcome {
   bool ok = false;                // upstream answered with 2xx and the exchange completed
   std::optional<Usage> usage;     // when the response carried usage
+  // A failure counted in kvroute_errors_total{kind="upstream"}; not when the client left (counted as
+  // client_disconnected) or the request is being routed to another worker.
+  bool worker_failed = true;
 };
 
 class Router {

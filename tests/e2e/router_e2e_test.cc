@@ -294,8 +294,11 @@ TEST(RouterE2E, LongStreamsSurviveIdleTimeoutAndDisconnectsCancel) {
   raw_exchange(fleet.api(), request, 700ms);  // reads for 0.7 s, then closes
   std::this_thread::sleep_for(500ms);
   EXPECT_EQ(cancelled_requests(fleet.worker_port(0)), 1);
-  // The router noticed too, and the worker is free again.
+  // The router noticed too, and the worker is free again. The client left: no worker failed.
   EXPECT_EQ(json::parse(http(fleet.admin(), "GET", "/admin/workers").body).at("workers").at(0).at("in_flight").as_int64(), 0);
+  const std::string metrics = http(fleet.admin(), "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("kvroute_errors_total{kind=\"client_disconnected\"} 1"), std::string::npos);
+  EXPECT_EQ(metrics.find("kvroute_errors_total{kind=\"upstream\"}"), std::string::npos);
 }
 
 // A stream that would outlast --request-timeout (a 400-token answer from a worker at a fifth of real speed,
@@ -809,6 +812,7 @@ TEST(RouterE2E, RefusedConnectionIsRoutedElsewhere) {
     EXPECT_EQ(served[fleet.worker_name(1)], 12);
     const std::string metrics = http(fleet.admin(), "GET", "/metrics").body;
     EXPECT_NE(metrics.find("kvroute_worker_healthy{worker=\"" + fleet.worker_name(0) + "\"} 0"), std::string::npos);
+    EXPECT_EQ(metrics.find("kvroute_errors_total{kind=\"upstream\"}"), std::string::npos);  // no request failed
   }
   {
     Fleet fleet(2, {"--health-interval", "60"});
