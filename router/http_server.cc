@@ -719,10 +719,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   // them within --connect-timeout) is taken out of rotation at once, without waiting for its health checks,
   // and the request is routed again, up to kMaxReroutes times. Out of descriptors here, no worker is to blame.
   void connect_failed(beast::error_code ec) {
-    const std::string why = "cannot connect to worker " + worker_->name() + ": " +
-                            (ec == beast::error::timeout ? std::string("timed out") : ec.message());
+    const std::string reason = ec == beast::error::timeout ? std::string("timed out") : ec.message();
+    const std::string why = "cannot connect to worker " + worker_->name() + ": " + reason;
     if (backends::local_resource_error(ec)) return upstream_failed(why, false, 503, "router_overloaded");
-    svc_.worker_unreachable(*worker_, why);
+    svc_.worker_unreachable(*worker_, "could not be connected to (" + reason + ")");
     if (reroutes_ >= kMaxReroutes) return upstream_failed(why, false);
     ++reroutes_;
     LOG_INFO("request " << request_id_ << ": " << why << "; routing it again");
