@@ -1,14 +1,16 @@
 // kvroute's HTTP front ends: the OpenAI-compatible API listener and the admin listener.
 //
 // One ApiSession per client connection, owned by its pending operations (shared_from_this) and running on
-// the single thread of its listener's io_context. A routed request is parsed (bounded body), routed by Router, and relayed to the worker
-// through a pooled keep-alive connection: the response head is sent as soon as the worker's arrives and the
-// body is passed on piece by piece as it is read, never buffered whole, so server-sent events stream. When
-// the client goes away mid-request the upstream connection is closed, which cancels the worker's request.
-// --request-timeout bounds the whole exchange: a worker that has not answered by then gets the client a 504,
-// and a response still streaming is cut. --client-idle-timeout bounds the reading of each request.
+// the single thread of its listener's io_context. A routed request is parsed (bounded body), routed by Router,
+// and relayed to the worker through a pooled keep-alive connection: the response head is sent as soon as the
+// worker's arrives and the body is passed on piece by piece as it is read, never buffered whole, so
+// server-sent events stream. When the client goes away mid-request the upstream connection is closed, which
+// cancels the worker's request. A worker that refuses the connection is taken out of rotation and the
+// request, not yet sent, routed again. --request-timeout bounds the whole exchange: a worker that has not
+// answered by then gets the client a 504, and a response still streaming is cut. --client-idle-timeout bounds
+// the reading of each request. While draining (DrainState) every response closes its connection.
 //
-//   Services svc{config, registry, router, pool, metrics};
+//   Services svc{config, registry, router, pool, metrics, ...};
 //   auto api = std::make_shared<Listener>(io, endpoint, svc, Listener::Kind::kApi);
 //   api->run();
 #pragma once
