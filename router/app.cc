@@ -88,6 +88,20 @@ Result<bool> App::start() {
       io_.get_executor(), registry_, hopts,
       [this](const backends::Worker& w, bool up) { on_health_change(w, up, "failed its health checks"); });
   health_->start();
+  for (const auto& d : config_.discover) {
+    backends::DnsDiscovery::Target target{d.host, d.port, d.kv_events_port, d.replay_port, d.model};
+    auto discovery = std::make_shared<backends::DnsDiscovery>(
+        io_.get_executor(), registry_, std::move(target), ms(config_.discover_interval_s),
+        [](bool warning, const std::string& message) {
+          if (warning) {
+            LOG_WARN(message);
+          } else {
+            LOG_INFO(message);
+          }
+        });
+    discovery->start();
+    discovery_.push_back(std::move(discovery));
+  }
   if (config_.metrics_interval_s > 0) {
     telemetry_ = std::make_shared<backends::TelemetryPoller>(
         io_.get_executor(), registry_, ms(config_.metrics_interval_s),
@@ -97,7 +111,8 @@ Result<bool> App::start() {
   for (auto& l : api_) l->run();
   admin_->run();
   LOG_INFO("kvroute listening on " << api_.front()->local_endpoint() << " (admin " << admin_->local_endpoint()
-                                   << "), policy " << config_.policy << ", " << config_.workers.size() << " workers, "
+                                   << "), policy " << config_.policy << ", " << config_.workers.size() << " workers"
+                                   << (config_.discover.empty() ? "" : " plus those of --discover") << ", "
                                    << contexts_.size() << " I/O threads");
   return true;
 }
@@ -237,6 +252,7 @@ void App::stop() {
   }
   for (auto& [id, sub] : subscribers_) sub->stop();
   if (health_) health_->stop();
+  for (auto& d : discovery_) d->stop();
   if (telemetry_) telemetry_->stop();
   for (auto& l : api_) l->stop();
   if (admin_) admin_->stop();

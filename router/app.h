@@ -19,6 +19,7 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "backends/discovery.h"
 #include "backends/events/kv_event_subscriber.h"
 #include "backends/health_checker.h"
 #include "backends/telemetry_poller.h"
@@ -70,6 +71,7 @@ class App {
   std::vector<std::unique_ptr<Services>> services_;             // one per context
   std::shared_ptr<backends::HealthChecker> health_;
   std::shared_ptr<backends::TelemetryPoller> telemetry_;
+  std::vector<std::shared_ptr<backends::DnsDiscovery>> discovery_;  // one per --discover name
   std::vector<std::shared_ptr<Listener>> api_;                  // one per context
   std::shared_ptr<Listener> admin_;
   std::mutex events_mu_;

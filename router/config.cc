@@ -104,6 +104,46 @@ const std::vector<Option>& options() {
          return std::nullopt;
        },
        true},
+      {"discover", "HOST:PORT[,kv_events_port=N][,replay_port=N][,model=NAME]",
+       "a DNS name whose addresses are workers, e.g. a Kubernetes headless Service: resolved again every "
+       "--discover-interval, an address that appears is added as http://ADDRESS:PORT, one that disappears removed; "
+       "repeat for each name",
+       [](Config& c, const std::string& v) -> std::optional<std::string> {
+         std::vector<std::string> parts;
+         std::size_t start = 0;
+         while (true) {
+           const auto comma = v.find(',', start);
+           parts.push_back(v.substr(start, comma - start));
+           if (comma == std::string::npos) break;
+           start = comma + 1;
+         }
+         if (auto e = check_host_port(parts[0])) return e;
+         DiscoverConfig d;
+         const auto colon = parts[0].rfind(':');
+         d.host = parts[0].substr(0, colon);
+         d.port = parts[0].substr(colon + 1);
+         if (d.host.size() >= 2 && d.host.front() == '[' && d.host.back() == ']') d.host = d.host.substr(1, d.host.size() - 2);
+         for (std::size_t i = 1; i < parts.size(); ++i) {
+           const auto eq = parts[i].find('=');
+           const std::string key = parts[i].substr(0, eq);
+           const std::string val = eq == std::string::npos ? "" : parts[i].substr(eq + 1);
+           if (val.empty()) return "'" + parts[i] + "' must be KEY=VALUE";
+           if (key == "kv_events_port") {
+             if (auto e = parse_int<std::uint16_t>(val, d.kv_events_port, 1, 65535)) return "kv_events_port: " + *e;
+           } else if (key == "replay_port") {
+             if (auto e = parse_int<std::uint16_t>(val, d.replay_port, 1, 65535)) return "replay_port: " + *e;
+           } else if (key == "model") {
+             d.model = val;
+           } else {
+             return "unknown attribute '" + key + "' (kv_events_port, replay_port, model)";
+           }
+         }
+         c.discover.push_back(std::move(d));
+         return std::nullopt;
+       },
+       true},
+      {"discover-interval", "SECONDS", "how often --discover names are resolved again (default 5)",
+       DOUBLE_OPT(discover_interval_s, 0.05, 3600)},
       {"policy", "NAME", "routing policy (default kv_cost); one of the names listed below",
        [](Config& c, const std::string& v) -> std::optional<std::string> {
          auto p = policy::make_policy(v, policy::PolicyOptions{});  // its error lists the valid names
@@ -246,9 +286,21 @@ Result<Config> apply_yaml(Config cfg, const std::string& text, const std::string
         }
         continue;
       }
+      if (key == "discover") {  // a list of names in the flag's form
+        if (!kv.second.IsSequence()) return make_error(origin + ": 'discover' must be a list");
+        cfg.discover.clear();
+        for (const auto& d : kv.second) {
+          if (!d.IsScalar()) return make_error(origin + ": discover: each item is HOST:PORT[,attributes]");
+          if (auto e = find_option("discover")->set(cfg, d.as<std::string>())) return make_error(origin + ": discover: " + *e);
+        }
+        continue;
+      }
       const Option* opt = nullptr;
       for (const auto& o : options()) {
-        if (yaml_key(o.name) == key && std::string_view(o.name) != "config" && std::string_view(o.name) != "worker") opt = &o;
+        if (yaml_key(o.name) == key && std::string_view(o.name) != "config" && std::string_view(o.name) != "worker" &&
+            std::string_view(o.name) != "discover") {
+          opt = &o;
+        }
       }
       if (opt == nullptr) return make_error(origin + ": unknown option '" + key + "'");
       if (!kv.second.IsScalar()) return make_error(origin + ": '" + key + "' must be a single value");
@@ -292,12 +344,16 @@ Result<Config> load_config(int argc, const char* const* argv, bool* help_request
     if (!r) return r.error();
     cfg = std::move(*r);
   }
-  bool workers_from_flags = false;
+  bool workers_from_flags = false, discover_from_flags = false;
   for (const auto& [name, value] : flags) {
     if (name == "config") continue;
     if (name == "worker" && !workers_from_flags) {
       cfg.workers.clear();  // --worker flags replace the file's list
       workers_from_flags = true;
+    }
+    if (name == "discover" && !discover_from_flags) {
+      cfg.discover.clear();  // and --discover flags the file's names
+      discover_from_flags = true;
     }
     if (auto e = find_option(name)->set(cfg, value)) return make_error("--" + name + ": " + *e);
   }

@@ -23,10 +23,22 @@ struct WorkerConfig {
   std::uint32_t dp_size = 1;     // data-parallel ranks publishing events on consecutive ports (vLLM's layout)
 };
 
+// A DNS name whose addresses are workers (a Kubernetes headless Service), re-resolved every
+// Config::discover_interval_s (backends/discovery.h).
+struct DiscoverConfig {
+  std::string host;
+  std::string port;
+  std::uint16_t kv_events_port = 0;  // > 0: each address's KV event publisher, tcp://ADDRESS:PORT (precise mode)
+  std::uint16_t replay_port = 0;     // > 0: its replay socket
+  std::string model;                 // namespace of the events; empty: ask each worker's /v1/models
+};
+
 struct Config {
   std::string listen = "0.0.0.0:8080";
   std::string admin_listen = "127.0.0.1:9090";
   std::vector<WorkerConfig> workers;
+  std::vector<DiscoverConfig> discover;
+  double discover_interval_s = 5;
   std::string policy = "kv_cost";
   int threads = 0;  // 0: one per core
 

@@ -145,6 +145,8 @@ render() {  # render NAME [helm args...]
 render default || true
 render custom -f "$WORK/custom-values.yaml" || true
 render urls --set 'workers.urls={http://127.0.0.1:18001,http://127.0.0.1:18002}' --set policy=round_robin || true
+render discover --set workers.pool.enabled=true --set workers.pool.discovery=true --set workers.pool.kvEventsPort=5557 \
+  --set 'workers.discover={localhost:18009}' || true
 if "$HELM_BIN" template kvr "$CHART" --set config.listen=0.0.0.0:1 >/dev/null 2>&1; then
   fail "helm template accepts config.listen (the chart sets it)"
 else
@@ -163,7 +165,7 @@ except ImportError:
     sys.exit("PyYAML is required (apt-get install python3-yaml)")
 
 errors = []
-for name in ("default", "custom", "urls"):
+for name in ("default", "custom", "urls", "discover"):
     p = work / f"{name}.yaml"
     if not p.exists():
         continue
@@ -259,7 +261,7 @@ stop_kvroute() {
   KVROUTE_PID=""
 }
 
-for name in default urls custom; do
+for name in default urls custom discover; do
   [[ -f "$WORK/$name.kvroute.yaml" ]] || continue
   if start_kvroute "$name"; then
     pass "kvroute starts with the $name config"
@@ -277,6 +279,15 @@ for name in default urls custom; do
       else
         fail "kvroute did not load the custom values' 5 workers: $(head -c 300 "$WORK/workers.json")"
       fi
+    fi
+    if [[ "$name" == discover ]]; then
+      # The pool's headless Service does not resolve here; `localhost` does, and becomes a worker.
+      found=""
+      for _ in $(seq 1 50); do
+        if curl -fsS "http://127.0.0.1:$ADMIN_PORT/admin/workers" | grep -q '"127.0.0.1:18009"'; then found=1; break; fi
+        sleep 0.1
+      done
+      if [[ -n "$found" ]]; then pass "kvroute discovered the worker behind localhost:18009"; else fail "kvroute did not discover localhost:18009"; fi
     fi
   else
     fail "kvroute rejects or dies with the $name config: $(tr '\n' ' ' <"$WORK/$name.kvroute.yaml" | head -c 400)"

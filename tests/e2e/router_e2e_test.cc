@@ -875,5 +875,41 @@ TEST(RouterE2E, AccessLogHasALinePerRequest) {
   EXPECT_EQ(lines["acc-404"].at("path"), "/nowhere");
 }
 
+
+// Workers found by DNS (`discover` in the config file, as the Helm chart writes it): the name's address is
+// added as a worker and serves, next to a worker given by URL.
+TEST(RouterE2E, DiscoveredWorkersServe) {
+  const int found = free_port(), listed = free_port(), api = free_port(), admin = free_port();
+  Process sim_found = Process::start({bin("kvroute-sim"), "--port", std::to_string(found), "--speed", "50"});
+  Process sim_listed = Process::start({bin("kvroute-sim"), "--port", std::to_string(listed), "--speed", "50"});
+  ASSERT_TRUE(wait_http(found, "/health", 10s));
+  ASSERT_TRUE(wait_http(listed, "/health", 10s));
+  const std::string config = testing::TempDir() + "/kvroute-e2e-discover.yaml";
+  {
+    std::ofstream out(config);
+    out << "discover:\n  - localhost:" << found << "\ndiscover_interval: 0.2\nworkers:\n  - http://127.0.0.1:" << listed
+        << "\npolicy: round_robin\n";
+  }
+  Process router = Process::start({bin("kvroute"), "--config", config, "--listen", "127.0.0.1:" + std::to_string(api),
+                                   "--admin-listen", "127.0.0.1:" + std::to_string(admin)},
+                                  testing::TempDir() + "/kvroute-e2e-router.log");
+  ASSERT_TRUE(wait_http(api, "/health", 10s));
+  const std::string discovered = "127.0.0.1:" + std::to_string(found);
+  bool present = false;
+  for (int i = 0; i < 50 && !present; ++i) {
+    present = http(admin, "GET", "/admin/workers").body.find("\"" + discovered + "\"") != std::string::npos;
+    if (!present) std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(present);
+  std::map<std::string, int> served;
+  for (int i = 0; i < 8; ++i) {
+    auto r = http(api, "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"discover","max_tokens":1})");
+    EXPECT_EQ(r.status, 200) << r.body << r.error;
+    ++served[r.header("x-kvroute-worker")];
+  }
+  EXPECT_GT(served[discovered], 0);
+  EXPECT_GT(served["127.0.0.1:" + std::to_string(listed)], 0);
+}
+
 }  // namespace
 }  // namespace kvroute::test

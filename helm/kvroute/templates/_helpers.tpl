@@ -52,7 +52,7 @@ list of URLs or of maps {url, kv_events}). listen and admin_listen are passed as
 ports depend on them.
 */}}
 {{- define "kvroute.config" -}}
-{{- range $k := list "workers" "worker" "listen" "admin_listen" "config" }}
+{{- range $k := list "workers" "worker" "discover" "listen" "admin_listen" "config" }}
 {{- if hasKey $.Values.config $k }}
 {{- fail (printf "config.%s is set by the chart; use workers.* or service.* instead" $k) }}
 {{- end }}
@@ -70,7 +70,23 @@ healthy_threshold: {{ .Values.health.healthyThreshold | quote }}
 {{ $k }}: {{ $v | quote }}
 {{- end }}
 {{- $pool := .Values.workers.pool }}
-{{- if or .Values.workers.urls $pool.enabled }}
+{{- $ns := default $.Release.Namespace $pool.namespace }}
+{{- $poolByDns := and $pool.enabled $pool.discovery }}
+{{- if or .Values.workers.discover $poolByDns }}
+discover:
+{{- range .Values.workers.discover }}
+  - {{ . | quote }}
+{{- end }}
+{{- if $poolByDns }}
+{{- $name := printf "%s.%s.svc.%s:%d" $pool.headlessService $ns $pool.clusterDomain (int $pool.port) }}
+{{- if gt (int $pool.kvEventsPort) 0 }}
+  - {{ printf "%s,kv_events_port=%d" $name (int $pool.kvEventsPort) | quote }}
+{{- else }}
+  - {{ $name | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if or .Values.workers.urls (and $pool.enabled (not $pool.discovery)) }}
 workers:
 {{- range .Values.workers.urls }}
 {{- if kindIs "map" . }}
@@ -82,8 +98,7 @@ workers:
   - url: {{ . | quote }}
 {{- end }}
 {{- end }}
-{{- if $pool.enabled }}
-{{- $ns := default $.Release.Namespace $pool.namespace }}
+{{- if and $pool.enabled (not $pool.discovery) }}
 {{- range $i := until (int $pool.replicas) }}
 {{- $host := printf "%s-%d.%s.%s.svc.%s" $pool.statefulSet $i $pool.headlessService $ns $pool.clusterDomain }}
   - url: {{ printf "%s://%s:%d" $pool.scheme $host (int $pool.port) | quote }}
