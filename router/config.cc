@@ -61,6 +61,32 @@ std::optional<std::string> check_host_port(const std::string& v) {
   return std::nullopt;
 }
 
+// "HEAD,KEY=VALUE,...": the items between commas (HEAD first).
+std::vector<std::string> split_commas(const std::string& v) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (true) {
+    const auto comma = v.find(',', start);
+    parts.push_back(v.substr(start, comma - start));
+    if (comma == std::string::npos) return parts;
+    start = comma + 1;
+  }
+}
+
+// Hands each KEY=VALUE item after the head to `attribute`; the first error (its own, or an item that is not
+// KEY=VALUE) is returned.
+std::optional<std::string> each_attribute(
+    const std::vector<std::string>& parts,
+    const std::function<std::optional<std::string>(const std::string& key, const std::string& value)>& attribute) {
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    const auto eq = parts[i].find('=');
+    const std::string val = eq == std::string::npos ? "" : parts[i].substr(eq + 1);
+    if (val.empty()) return "'" + parts[i] + "' must be KEY=VALUE";
+    if (auto e = attribute(parts[i].substr(0, eq), val)) return e;
+  }
+  return std::nullopt;
+}
+
 #define DOUBLE_OPT(field, lo, hi) [](Config& c, const std::string& v) { return parse_double(v, c.field, lo, hi); }
 #define INT_OPT(type, field, lo, hi) \
   [](Config& c, const std::string& v) { return parse_int<type>(v, c.field, lo, hi); }
@@ -77,29 +103,20 @@ const std::vector<Option>& options() {
        "a worker's base URL, http://HOST:PORT, optionally with its KV event publisher (e.g. "
        "kv_events=tcp://HOST:5557) for precise mode; repeat for each worker",
        [](Config& c, const std::string& v) -> std::optional<std::string> {
-         std::vector<std::string> parts;
-         std::size_t start = 0;
-         while (true) {
-           const auto comma = v.find(',', start);
-           parts.push_back(v.substr(start, comma - start));
-           if (comma == std::string::npos) break;
-           start = comma + 1;
-         }
+         const std::vector<std::string> parts = split_commas(v);
          auto ep = backends::parse_worker_url(parts[0]);
          if (!ep) return ep.error().message;
          WorkerConfig w{ep->url, "", "", "", 1};
-         for (std::size_t i = 1; i < parts.size(); ++i) {
-           const auto eq = parts[i].find('=');
-           const std::string key = parts[i].substr(0, eq);
-           const std::string val = eq == std::string::npos ? "" : parts[i].substr(eq + 1);
-           if (val.empty()) return "'" + parts[i] + "' must be KEY=VALUE";
+         auto e = each_attribute(parts, [&](const std::string& key, const std::string& val) -> std::optional<std::string> {
            if (key == "kv_events") w.kv_events = val;
            else if (key == "replay") w.kv_events_replay = val;
            else if (key == "model") w.model = val;
            else if (key == "dp") {
-             if (auto e = parse_int<std::uint32_t>(val, w.dp_size, 1, 1024)) return "dp: " + *e;
+             if (auto bad = parse_int<std::uint32_t>(val, w.dp_size, 1, 1024)) return "dp: " + *bad;
            } else return "unknown worker attribute '" + key + "' (kv_events, replay, model, dp)";
-         }
+           return std::nullopt;
+         });
+         if (e) return e;
          c.workers.push_back(std::move(w));
          return std::nullopt;
        },
@@ -109,35 +126,26 @@ const std::vector<Option>& options() {
        "--discover-interval, an address that appears is added as http://ADDRESS:PORT, one that disappears removed; "
        "repeat for each name",
        [](Config& c, const std::string& v) -> std::optional<std::string> {
-         std::vector<std::string> parts;
-         std::size_t start = 0;
-         while (true) {
-           const auto comma = v.find(',', start);
-           parts.push_back(v.substr(start, comma - start));
-           if (comma == std::string::npos) break;
-           start = comma + 1;
-         }
+         const std::vector<std::string> parts = split_commas(v);
          if (auto e = check_host_port(parts[0])) return e;
          DiscoverConfig d;
          const auto colon = parts[0].rfind(':');
          d.host = parts[0].substr(0, colon);
          d.port = parts[0].substr(colon + 1);
          if (d.host.size() >= 2 && d.host.front() == '[' && d.host.back() == ']') d.host = d.host.substr(1, d.host.size() - 2);
-         for (std::size_t i = 1; i < parts.size(); ++i) {
-           const auto eq = parts[i].find('=');
-           const std::string key = parts[i].substr(0, eq);
-           const std::string val = eq == std::string::npos ? "" : parts[i].substr(eq + 1);
-           if (val.empty()) return "'" + parts[i] + "' must be KEY=VALUE";
+         auto e = each_attribute(parts, [&](const std::string& key, const std::string& val) -> std::optional<std::string> {
            if (key == "kv_events_port") {
-             if (auto e = parse_int<std::uint16_t>(val, d.kv_events_port, 1, 65535)) return "kv_events_port: " + *e;
+             if (auto bad = parse_int<std::uint16_t>(val, d.kv_events_port, 1, 65535)) return "kv_events_port: " + *bad;
            } else if (key == "replay_port") {
-             if (auto e = parse_int<std::uint16_t>(val, d.replay_port, 1, 65535)) return "replay_port: " + *e;
+             if (auto bad = parse_int<std::uint16_t>(val, d.replay_port, 1, 65535)) return "replay_port: " + *bad;
            } else if (key == "model") {
              d.model = val;
            } else {
              return "unknown attribute '" + key + "' (kv_events_port, replay_port, model)";
            }
-         }
+           return std::nullopt;
+         });
+         if (e) return e;
          c.discover.push_back(std::move(d));
          return std::nullopt;
        },

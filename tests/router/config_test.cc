@@ -69,6 +69,28 @@ TEST(Config, WorkerAttributesForPreciseMode) {
   EXPECT_NE(bad.error().message.find("unknown worker attribute 'events'"), std::string::npos);
 }
 
+TEST(Config, DiscoverNamesFromFlagsAndYaml) {
+  auto c = parse({"--discover", "vllm.inference.svc.cluster.local:8000,kv_events_port=5557,replay_port=5558,model=m",
+                  "--discover=[fd00::1]:9000", "--discover-interval", "2"});
+  ASSERT_TRUE(c) << c.error().message;
+  ASSERT_EQ(c->discover.size(), 2u);
+  EXPECT_EQ(c->discover[0].host, "vllm.inference.svc.cluster.local");
+  EXPECT_EQ(c->discover[0].port, "8000");
+  EXPECT_EQ(c->discover[0].kv_events_port, 5557);
+  EXPECT_EQ(c->discover[0].replay_port, 5558);
+  EXPECT_EQ(c->discover[0].model, "m");
+  EXPECT_EQ(c->discover[1].host, "fd00::1");
+  EXPECT_DOUBLE_EQ(c->discover_interval_s, 2);
+  auto y = apply_yaml({}, "discover:\n  - a.b:80\n  - c.d:81,kv_events_port=5557\n", "f.yaml");
+  ASSERT_TRUE(y) << y.error().message;
+  ASSERT_EQ(y->discover.size(), 2u);
+  EXPECT_EQ(y->discover[1].kv_events_port, 5557);
+  EXPECT_NE(parse({"--discover", "a.b"}).error().message.find("HOST:PORT"), std::string::npos);
+  EXPECT_NE(parse({"--discover", "a.b:80,kv_port=1"}).error().message.find("unknown attribute 'kv_port'"), std::string::npos);
+  EXPECT_NE(parse({"--discover", "a.b:80,kv_events_port=0"}).error().message.find("kv_events_port"), std::string::npos);
+  EXPECT_NE(apply_yaml({}, "discover: a.b:80", "f.yaml").error().message.find("must be a list"), std::string::npos);
+}
+
 TEST(Config, ErrorsNameTheOptionAndValue) {
   struct Case {
     std::vector<std::string> args;
