@@ -47,6 +47,14 @@ TEST(DnsDiscovery, FollowsTheAddressesAndLeavesOtherWorkersAlone) {
   EXPECT_FALSE(reg.find_by_url("http://10.0.0.1:8000"));
   EXPECT_TRUE(w1->removed());  // requests still in flight to it finish; nothing new reaches it
 
+  // A discovered worker removed by hand (the admin API) stays out until its address leaves and comes back.
+  reg.remove(reg.find_by_url("http://10.0.0.3:8000")->id());
+  d->apply({}, {"10.0.0.2", "10.0.0.3", "fd00::7"});
+  EXPECT_FALSE(reg.find_by_url("http://10.0.0.3:8000"));
+  d->apply({}, {"10.0.0.2", "fd00::7"});
+  d->apply({}, {"10.0.0.2", "10.0.0.3", "fd00::7"});
+  EXPECT_TRUE(reg.find_by_url("http://10.0.0.3:8000"));
+
   // Scaled to zero.
   d->apply({}, {});
   EXPECT_EQ(registered(reg), (std::set<std::string>{"http://10.0.0.9:8000"}));
