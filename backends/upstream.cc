@@ -12,6 +12,8 @@
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
 
+#include "net/resource_errors.h"
+
 namespace kvroute::backends {
 
 namespace http = beast::http;
@@ -105,11 +107,6 @@ void UpstreamPool::release(Lease lease, bool reusable) {
   idle.push_back(Idle{lease.serial, std::move(lease.stream), std::chrono::steady_clock::now()});
 }
 
-bool local_resource_error(const beast::error_code& ec) {
-  return ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_buffer_space ||
-         ec == asio::error::no_memory;
-}
-
 void UpstreamPool::drop(WorkerId worker) {
   std::lock_guard lock(mu_);
   idle_.erase(worker);
@@ -163,11 +160,9 @@ class ControlRequest : public std::enable_shared_from_this<ControlRequest> {
     stream_.close();
     if (ec) {
       const std::string msg = ec == beast::error::timeout ? "timed out" : ec.message();
-      if (local_resource_error(ec)) {
-        handler_(make_error(endpoint_.name + ": " + what + ": " + msg, 503, "service_unavailable", kLocalResourcesCode));
-      } else {
-        handler_(make_error(endpoint_.name + ": " + what + ": " + msg, 502, "upstream_error"));
-      }
+      const bool local = net::local_resource_error(ec);
+      handler_(make_error(endpoint_.name + ": " + what + ": " + msg, local ? 503 : 502,
+                          local ? "service_unavailable" : "upstream_error", local ? kLocalResourcesCode : ""));
       return;
     }
     auto& res = parser_.get();

@@ -73,10 +73,7 @@ class UpstreamPool {
   std::unordered_map<WorkerId, std::vector<Idle>> idle_;  // guarded by mu_
 };
 
-// An error of this process rather than of the peer: out of file descriptors or memory. It says nothing about a
-// worker's health.
-bool local_resource_error(const beast::error_code& ec);
-// The Error::code of a control request (http_get) that failed with a local_resource_error.
+// The Error::code of a control request (http_get) that failed with net::local_resource_error.
 inline constexpr const char* kLocalResourcesCode = "local_resources";
 
 struct SimpleResponse {

@@ -23,6 +23,7 @@
 #include <boost/beast/http/write.hpp>
 #include <boost/json.hpp>
 
+#include "net/resource_errors.h"
 #include "router/log.h"
 #include "router/usage.h"
 
@@ -721,7 +722,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   void connect_failed(beast::error_code ec) {
     const std::string reason = ec == beast::error::timeout ? std::string("timed out") : ec.message();
     const std::string why = "cannot connect to worker " + worker_->name() + ": " + reason;
-    if (backends::local_resource_error(ec)) return upstream_failed(why, false, 503, "router_overloaded");
+    if (net::local_resource_error(ec)) return upstream_failed(why, false, 503, "router_overloaded");
     svc_.worker_unreachable(*worker_, "could not be connected to (" + reason + ")");
     if (reroutes_ >= kMaxReroutes) return upstream_failed(why, false);
     ++reroutes_;
@@ -1174,7 +1175,7 @@ void Listener::do_accept() {
     if (!ec) {
       socket.set_option(tcp::no_delay(true), ec);
       std::make_shared<ApiSession>(std::move(socket), self->services_, self->kind_)->run();
-    } else if (backends::local_resource_error(ec)) {
+    } else if (net::local_resource_error(ec)) {
       return self->accept_later(ec);
     } else {
       LOG_WARN("accept: " << ec.message());

@@ -4,13 +4,13 @@
 #include <boost/asio/socket_base.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 
 #include "backends/sim/server/session.h"
 #include "backends/sim/server/tokenizer.h"
 #include "hashing/block_chain.h"
+#include "net/resource_errors.h"
 
 namespace kvroute::sim {
 
@@ -188,8 +188,7 @@ void SimWorker::do_accept() {
       socket.set_option(tcp::no_delay(true), ignored);  // SSE chunks must not wait for Nagle
       std::make_shared<SimSession>(std::move(socket), self)->run();
     }
-    if (ec == net::error::no_descriptors || ec.value() == ENFILE || ec == net::error::no_buffer_space ||
-        ec == net::error::no_memory) {
+    if (kvroute::net::local_resource_error(ec)) {
       // The connection stays queued in the kernel: retrying at once would fail at once, spinning a core.
       self->accept_retry_.expires_after(std::chrono::milliseconds(50));
       self->accept_retry_.async_wait([self](boost::system::error_code wait_ec) {
