@@ -43,22 +43,17 @@ void HealthChecker::check(std::shared_ptr<Worker> worker) {
   http_get(strand_, worker->endpoint(), options_.path, options_.timeout,
            [self = shared_from_this(), worker](Result<SimpleResponse> r) {
              // Out of descriptors or memory here: no verdict on the worker (the router is what is short).
-             const bool no_verdict = !r && r.error().code == kLocalResourcesCode;
-             const bool ok = r && r->status >= 200 && r->status < 300;
-             boost::asio::post(self->strand_, [self, worker, ok, no_verdict] {
-               if (no_verdict) {
-                 self->state_[worker->id()].in_progress = false;
-                 return;
-               }
-               self->on_result(worker, ok);
-             });
+             std::optional<bool> ok;
+             if (r || r.error().code != kLocalResourcesCode) ok = r && r->status >= 200 && r->status < 300;
+             boost::asio::post(self->strand_, [self, worker, ok] { self->on_result(worker, ok); });
            });
 }
 
-void HealthChecker::on_result(std::shared_ptr<Worker> worker, bool ok) {
+void HealthChecker::on_result(std::shared_ptr<Worker> worker, std::optional<bool> ok) {
   State& s = state_[worker->id()];
   s.in_progress = false;
-  if (ok) {
+  if (!ok) return;  // no verdict
+  if (*ok) {
     s.failures = 0;
     ++s.successes;
     if (!worker->healthy() && s.successes >= options_.healthy_threshold) {

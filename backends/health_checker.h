@@ -11,6 +11,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -45,7 +46,8 @@ class HealthChecker : public std::enable_shared_from_this<HealthChecker> {
   };
   void tick();
   void check(std::shared_ptr<Worker> worker);
-  void on_result(std::shared_ptr<Worker> worker, bool ok);
+  // `ok`: the check passed, failed, or (nullopt) could not be made for want of local resources.
+  void on_result(std::shared_ptr<Worker> worker, std::optional<bool> ok);
 
   boost::asio::strand<boost::asio::any_io_executor> strand_;
   boost::asio::steady_timer timer_;

@@ -53,6 +53,10 @@ std::string fmt_seconds(double s) {
   return buf;
 }
 
+Error no_healthy_worker() {
+  return make_error("no healthy worker is available", 503, "service_unavailable", "no_healthy_worker");
+}
+
 std::string new_request_id() {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   static constexpr char kHex[] = "0123456789abcdef";
@@ -310,13 +314,11 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       return handle_models();
     }
     if (path.starts_with("/v1/")) {
-      auto worker = svc_.router.any_healthy();
-      if (!worker) return send_error(make_error("no healthy worker is available", 503, "service_unavailable", "no_healthy_worker"));
       decision_.reset();
       reroutes_ = 0;
       strip_usage_ = false;
       up_body_.clear();
-      return forward(std::move(worker));
+      return forward_to_least_loaded();
     }
     send_error(make_error("no route for " + std::string(req_.method_string()) + " " + std::string(path), 404,
                           "invalid_request_error", "unknown_route"));
@@ -711,6 +713,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       access_.usage = o.usage;
       svc_.router.complete(*decision_, o);
       decision_.reset();
+      routable_.reset();  // its chain is not kept for as long as the connection idles
     }
     // up_parser_ and the heads stay until the next exchange replaces them: after client_gone() an operation
     // that was already under way may still complete into them.
@@ -727,24 +730,23 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (reroutes_ >= kMaxReroutes) return upstream_failed(why, false);
     ++reroutes_;
     LOG_INFO("request " << request_id_ << ": " << why << "; routing it again");
-    std::shared_ptr<backends::Worker> next;
-    if (decision_) {
-      const auto t0 = decision_->start;
-      svc_.router.complete(*decision_, Outcome{false, std::nullopt, /*worker_failed=*/false});
-      decision_.reset();
-      auto again = svc_.router.route(*routable_);
-      if (!again) return send_error(again.error());
-      decision_ = std::move(*again);
-      decision_->start = t0;
-      note_decision();
-      next = decision_->worker;
-    } else {
-      next = svc_.router.any_healthy();
-      if (!next) {
-        return send_error(make_error("no healthy worker is available", 503, "service_unavailable", "no_healthy_worker"));
-      }
-    }
-    forward(std::move(next));
+    if (!decision_) return forward_to_least_loaded();
+    const auto t0 = decision_->start;
+    svc_.router.complete(*decision_, Outcome{false, std::nullopt, /*worker_failed=*/false});
+    decision_.reset();
+    auto again = svc_.router.route(*routable_);
+    if (!again) return send_error(again.error());
+    decision_ = std::move(*again);
+    decision_->start = t0;
+    note_decision();
+    forward(decision_->worker);
+  }
+
+  // A route passed through as it is (no prefix routing): to the least loaded healthy worker.
+  void forward_to_least_loaded() {
+    auto worker = svc_.router.any_healthy();
+    if (!worker) return send_error(no_healthy_worker());
+    forward(std::move(worker));
   }
 
   void upstream_failed(const std::string& why, bool retry_fresh, unsigned status = 502,
@@ -763,6 +765,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (decision_) {
       svc_.router.complete(*decision_, Outcome{false, std::nullopt});
       decision_.reset();
+      routable_.reset();
     }
     ++generation_;
     send_error(make_error(why, status, "upstream_error", code));
@@ -807,9 +810,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     for (const auto& w : *workers) {
       if (w->healthy()) ++state->pending;
     }
-    if (state->pending == 0) {
-      return send_error(make_error("no healthy worker is available", 503, "service_unavailable", "no_healthy_worker"));
-    }
+    if (state->pending == 0) return send_error(no_healthy_worker());
     for (const auto& w : *workers) {
       if (!w->healthy()) continue;
       backends::http_get(stream_.get_executor(), w->endpoint(), "/v1/models", std::chrono::seconds(5),
