@@ -1,5 +1,6 @@
 #include "router/usage.h"
 
+#include <cstdint>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -7,16 +8,21 @@
 namespace kvroute::router {
 namespace {
 
+// find_usage(text) finds a usage with these three counts.
+void expect_usage(const std::string& text, std::uint64_t prompt, std::uint64_t completion, std::uint64_t cached) {
+  auto u = find_usage(text);
+  ASSERT_TRUE(u) << text;
+  EXPECT_EQ(u->prompt_tokens, prompt);
+  EXPECT_EQ(u->completion_tokens, completion);
+  EXPECT_EQ(u->cached_tokens, cached);
+}
+
 TEST(Usage, NonStreamingBody) {
   const std::string body =
       R"({"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"the \"usage\": 7 of it"}}],)"
       R"("usage":{"prompt_tokens":1200,"completion_tokens":35,"total_tokens":1235,)"
       R"("prompt_tokens_details":{"cached_tokens":1024,"audio_tokens":[1,2]},"completion_tokens_details":null}})";
-  auto u = find_usage(body);
-  ASSERT_TRUE(u);
-  EXPECT_EQ(u->prompt_tokens, 1200u);
-  EXPECT_EQ(u->completion_tokens, 35u);
-  EXPECT_EQ(u->cached_tokens, 1024u);
+  expect_usage(body, 1200, 35, 1024);
 }
 
 // A stream's chunks carry "usage": null until the last one; whitespace as servers format it.
@@ -26,22 +32,15 @@ TEST(Usage, LastEventOfAStream) {
       "data: {\"choices\":[],\"usage\": {\n  \"prompt_tokens\": 16,\n  \"completion_tokens\": 2,\n"
       "  \"prompt_tokens_details\": {\"cached_tokens\": 0}\n}}\n\n"
       "data: [DONE]\n\n";
-  auto u = find_usage(tail);
-  ASSERT_TRUE(u);
-  EXPECT_EQ(u->prompt_tokens, 16u);
-  EXPECT_EQ(u->completion_tokens, 2u);
-  EXPECT_EQ(u->cached_tokens, 0u);
+  expect_usage(tail, 16, 2, 0);
 }
 
 // Numbers elsewhere (an array under a counted key, a nested object's own keys, a negative count) are not
 // taken for counts; a details object without cached_tokens leaves it 0.
 TEST(Usage, OnlyTheThreeCountsAreRead) {
-  auto u = find_usage(R"({"usage":{"prompt_tokens":[5],"completion_tokens":-3,"extra":{"prompt_tokens":9},)"
-                      R"("prompt_tokens_details":{"image_tokens":4}}})");
-  ASSERT_TRUE(u);
-  EXPECT_EQ(u->prompt_tokens, 0u);
-  EXPECT_EQ(u->completion_tokens, 0u);
-  EXPECT_EQ(u->cached_tokens, 0u);
+  expect_usage(R"({"usage":{"prompt_tokens":[5],"completion_tokens":-3,"extra":{"prompt_tokens":9},)"
+               R"("prompt_tokens_details":{"image_tokens":4}}})",
+               0, 0, 0);
 }
 
 // A usage object cut short (the tail began inside it, or the response broke off) does not parse: an earlier
@@ -50,12 +49,10 @@ TEST(Usage, TruncatedOrMissing) {
   EXPECT_FALSE(find_usage(R"({"choices":[]})"));
   EXPECT_FALSE(find_usage(R"({"usage":{"prompt_tokens":12,"completion_)"));
   EXPECT_FALSE(find_usage(R"({"usage":null})"));
-  auto u = find_usage(R"(data: {"usage":{"prompt_tokens":3,"completion_tokens":1}}
+  expect_usage(R"(data: {"usage":{"prompt_tokens":3,"completion_tokens":1}}
 
-data: {"usage":{"prompt_tokens":4,"comple)");
-  ASSERT_TRUE(u);
-  EXPECT_EQ(u->prompt_tokens, 3u);
-  EXPECT_EQ(u->completion_tokens, 1u);
+data: {"usage":{"prompt_tokens":4,"comple)",
+               3, 1, 0);
 }
 
 }  // namespace
