@@ -1,6 +1,7 @@
 #include "router/usage.h"
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include <boost/json/basic_parser_impl.hpp>
@@ -10,8 +11,31 @@ namespace {
 
 namespace json = boost::json;
 
-// Keeps prompt_tokens and completion_tokens of the usage object (depth 1) and cached_tokens of its
-// prompt_tokens_details (depth 2); every other event is accepted and ignored.
+// A key of the first levels, kept without allocating; a longer key than any the handler looks for is only
+// marked as such.
+class Key {
+ public:
+  void clear() { size_ = 0; }
+  void append(json::string_view part) {
+    if (size_ + part.size() > sizeof(buf_)) {
+      size_ = sizeof(buf_) + 1;  // matches nothing
+      return;
+    }
+    std::memcpy(buf_ + size_, part.data(), part.size());
+    size_ += part.size();
+  }
+  bool operator==(std::string_view s) const { return size_ == s.size() && std::memcmp(buf_, s.data(), s.size()) == 0; }
+
+ private:
+  char buf_[32];
+  std::size_t size_ = 0;
+};
+
+// Reads a usage object: prompt_tokens and completion_tokens at its top level, cached_tokens of its
+// prompt_tokens_details. Every other event is accepted and ignored.
+//   Usage mode: the document is the usage object itself.
+//   Chunk mode: the document is a stream chunk; its usage is the member "usage", and the handler also notes
+//   whether the chunk's "choices" is an empty array and its "usage" an object.
 class UsageHandler {
  public:
   static constexpr std::size_t max_object_size = static_cast<std::size_t>(-1);
@@ -19,13 +43,19 @@ class UsageHandler {
   static constexpr std::size_t max_key_size = static_cast<std::size_t>(-1);
   static constexpr std::size_t max_string_size = static_cast<std::size_t>(-1);
 
+  enum class Mode { kUsage, kChunk };
+  explicit UsageHandler(Mode mode) : base_(mode == Mode::kChunk ? 1 : 0) {}
+
   Usage usage;
+  bool empty_choices = false;  // chunk mode: "choices": []
+  bool usage_object = false;   // chunk mode: "usage": {...}
 
   bool on_document_begin(json::error_code&) { return true; }
   bool on_document_end(json::error_code&) { return true; }
   bool on_object_begin(json::error_code&) {
-    ++depth_;
-    if (depth_ == 2) key2_.clear();
+    element();
+    open();
+    if (base_ == 1 && depth_ == 2 && keys_[1] == "usage") usage_object = true;
     return true;
   }
   bool on_object_end(std::size_t, json::error_code&) {
@@ -33,8 +63,10 @@ class UsageHandler {
     return true;
   }
   bool on_array_begin(json::error_code&) {
-    ++depth_;
+    element();
+    open();
     ++arrays_;
+    if (base_ == 1 && depth_ == 2 && keys_[1] == "choices") empty_choices = true;
     return true;
   }
   bool on_array_end(std::size_t, json::error_code&) {
@@ -43,64 +75,119 @@ class UsageHandler {
     return true;
   }
   bool on_key_part(json::string_view part, std::size_t, json::error_code&) {
-    partial_.append(part.data(), part.size());
+    if (depth_ < kKeys) {
+      if (!key_open_) keys_[depth_].clear();
+      keys_[depth_].append(part);
+    }
+    key_open_ = true;
     return true;
   }
-  bool on_key(json::string_view part, std::size_t, json::error_code&) {
-    std::string& key = depth_ == 1 ? key1_ : key2_;
-    key.assign(partial_);
-    key.append(part.data(), part.size());
-    partial_.clear();
+  bool on_key(json::string_view part, std::size_t n, json::error_code& ec) {
+    on_key_part(part, n, ec);
+    key_open_ = false;
     return true;
   }
   bool on_string_part(json::string_view, std::size_t, json::error_code&) { return true; }
-  bool on_string(json::string_view, std::size_t, json::error_code&) { return true; }
+  bool on_string(json::string_view, std::size_t, json::error_code&) { return element(); }
   bool on_number_part(json::string_view, json::error_code&) { return true; }
   bool on_int64(std::int64_t v, json::string_view, json::error_code&) {
+    element();
     if (v > 0) count(static_cast<std::uint64_t>(v));
     return true;
   }
   bool on_uint64(std::uint64_t v, json::string_view, json::error_code&) {
+    element();
     count(v);
     return true;
   }
-  bool on_double(double, json::string_view, json::error_code&) { return true; }
-  bool on_bool(bool, json::error_code&) { return true; }
-  bool on_null(json::error_code&) { return true; }
+  bool on_double(double, json::string_view, json::error_code&) { return element(); }
+  bool on_bool(bool, json::error_code&) { return element(); }
+  bool on_null(json::error_code&) { return element(); }
   bool on_comment_part(json::string_view, json::error_code&) { return true; }
   bool on_comment(json::string_view, json::error_code&) { return true; }
 
  private:
+  static constexpr int kKeys = 4;  // keys_[d]: the current key of the object at depth d (1-based)
+
+  void open() {
+    ++depth_;
+    if (depth_ < kKeys) keys_[depth_].clear();
+  }
+  // A value begins at the current depth: an element of the chunk's choices makes them non-empty.
+  bool element() {
+    if (base_ == 1 && depth_ == 2 && arrays_ == 1 && keys_[1] == "choices") empty_choices = false;
+    return true;
+  }
   void count(std::uint64_t v) {
     if (arrays_ > 0) return;
-    if (depth_ == 1) {
-      if (key1_ == "prompt_tokens") usage.prompt_tokens = v;
-      else if (key1_ == "completion_tokens") usage.completion_tokens = v;
-    } else if (depth_ == 2 && key1_ == "prompt_tokens_details" && key2_ == "cached_tokens") {
+    if (base_ == 1 && !(depth_ >= 2 && keys_[1] == "usage")) return;
+    const int d = depth_ - base_;
+    if (d == 1) {
+      if (keys_[depth_] == "prompt_tokens") usage.prompt_tokens = v;
+      else if (keys_[depth_] == "completion_tokens") usage.completion_tokens = v;
+    } else if (d == 2 && keys_[depth_ - 1] == "prompt_tokens_details" && keys_[depth_] == "cached_tokens") {
       usage.cached_tokens = v;
     }
   }
 
+  const int base_;  // depth of the usage object's members, minus one
   int depth_ = 0;   // objects and arrays open
   int arrays_ = 0;  // arrays open: numbers in them are not counts
-  std::string key1_, key2_, partial_;
+  bool key_open_ = false;
+  Key keys_[kKeys];
 };
+
+// Where the object that is the value of the key ending at `key_end` begins: the first '{' after only whitespace
+// and ':'; npos for another value ("usage": null in intermediate chunks).
+std::size_t object_after(std::string_view text, std::size_t key_end) {
+  std::size_t i = key_end;
+  while (i < text.size() && (text[i] == ' ' || text[i] == ':' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t')) ++i;
+  return i < text.size() && text[i] == '{' ? i : std::string_view::npos;
+}
+
+// Whether a "usage" key with an object value occurs in `text`. Inside a JSON string the quotes would be
+// escaped, so only keys (and a string value "usage") match. The search runs memchr on the key's 'u', a letter
+// stream chunks have few of: on chunks of a few hundred bytes that costs a tenth of a generic substring search,
+// which builds a shift table on every call.
+bool has_usage_object(std::string_view text) {
+  for (std::size_t from = 1; from < text.size();) {
+    const void* u = std::memchr(text.data() + from, 'u', text.size() - from);
+    if (u == nullptr) return false;
+    const auto at = static_cast<std::size_t>(static_cast<const char*>(u) - text.data());
+    from = at + 1;
+    if (text[at - 1] == '"' && text.compare(at, 6, "usage\"") == 0 && object_after(text, at + 6) != std::string_view::npos) {
+      return true;
+    }
+  }
+  return false;
+}
 
 }  // namespace
 
 std::optional<Usage> find_usage(std::string_view tail) {
   for (std::size_t pos = tail.rfind("\"usage\""); pos != std::string_view::npos;
        pos = pos == 0 ? std::string_view::npos : tail.rfind("\"usage\"", pos - 1)) {
-    std::size_t i = pos + 7;
-    while (i < tail.size() && (tail[i] == ' ' || tail[i] == ':' || tail[i] == '\n' || tail[i] == '\r' || tail[i] == '\t')) ++i;
-    if (i >= tail.size() || tail[i] != '{') continue;  // "usage": null in intermediate chunks
-    json::basic_parser<UsageHandler> parser(json::parse_options{});
+    const std::size_t i = object_after(tail, pos + 7);
+    if (i == std::string_view::npos) continue;
+    json::basic_parser<UsageHandler> parser(json::parse_options{}, UsageHandler::Mode::kUsage);
     json::error_code ec;
     parser.write_some(true, tail.data() + i, tail.size() - i, ec);
     if (ec || !parser.done()) continue;
     return parser.handler().usage;
   }
   return std::nullopt;
+}
+
+std::optional<Usage> usage_only_chunk(std::string_view chunk) {
+  // Most chunks carry tokens and no usage object: a substring search turns them away before any parsing.
+  if (!has_usage_object(chunk)) return std::nullopt;
+  json::basic_parser<UsageHandler> parser(json::parse_options{}, UsageHandler::Mode::kChunk);
+  json::error_code ec;
+  parser.write_some(false, chunk.data(), chunk.size(), ec);
+  if (ec || !parser.done()) return std::nullopt;
+  const UsageHandler& h = parser.handler();
+  if (!h.empty_choices || !h.usage_object) return std::nullopt;
+  return h.usage;
 }
 
 }  // namespace kvroute::router

@@ -18,4 +18,10 @@ namespace kvroute::router {
 
 std::optional<Usage> find_usage(std::string_view tail);
 
+// usage_only_chunk: the usage of a stream chunk that carries nothing else, `{..., "choices": [], "usage": {...}}`:
+// the extra chunk `stream_options.include_usage` adds at the end of a stream. nullopt for any other chunk
+// (tokens, "usage": null, not JSON). Chunks without a usage object are turned away by a substring search,
+// without parsing.
+std::optional<Usage> usage_only_chunk(std::string_view chunk);
+
 }  // namespace kvroute::router

@@ -313,6 +313,28 @@ TEST(RouterE2E, LongStreamsSurviveIdleTimeoutAndDisconnectsCancel) {
   EXPECT_EQ(metrics.find("kvroute_errors_total{kind=\"upstream\"}"), std::string::npos);
 }
 
+// A request whose client leaves before the worker answered reports no usage, not that of the request before
+// it on the same connection: the router's token counters count the first request only.
+TEST(RouterE2E, LeftRequestReportsNoUsageOfTheOneBefore) {
+  Fleet fleet(1, {}, /*speed=*/1);
+  json::array messages;
+  messages.push_back(json::object{{"role", "user"}, {"content", "Count to a thousand, slowly."}});
+  auto request = [](const std::string& body) {
+    return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  };
+  // Pipelined: a short answer, then one whose head comes only when its 1,000 tokens are done (~10 s).
+  const std::string answers = raw_exchange(
+      fleet.api(), request(chat_body(messages, 2)) + request(chat_body(messages, 1000)), 1500ms);
+  const auto usage = answers.find("\"prompt_tokens\":");
+  ASSERT_NE(usage, std::string::npos) << answers;
+  const double prompt_tokens = std::stod(answers.substr(usage + 16));
+  EXPECT_EQ(answers.find("HTTP/1.1", 10), std::string::npos) << "the second answer came early";
+  EXPECT_EQ(cancelled_within(fleet.worker_port(0), 5s), 1);
+  EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_prompt_tokens_total{"), prompt_tokens);
+  EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_completion_tokens_total{"), 2);
+}
+
 // A stream that would outlast --request-timeout (a 400-token answer from a worker at a fifth of real speed,
 // ~14 s) is cut there: the head is already out, so the client sees the stream end without [DONE]; kvroute
 // drops the upstream connection, so the worker cancels the request; and the next request is served.
@@ -745,23 +767,34 @@ TEST(RouterE2E, ExpectContinueIsAnsweredByTheRouter) {
 // A worker that sends an interim response first (103 Early Hints; a server may also send 100 Continue
 // unasked): the client gets the final response, with its body, as the response. The worker here is a raw
 // socket that answers every request so, health checks included.
-TEST(RouterE2E, InterimResponsesOfWorkersAreSkipped) {
-  const int worker_port = free_port();
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  const int one = 1;
-  ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(worker_port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(::listen(listener, 16), 0);
-  const std::string final_body = R"({"id":"x","object":"text_completion","choices":[{"text":"ok"}],)"
-                                 R"("usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}})";
-  std::atomic<bool> stop{false};
-  std::thread worker([&] {
-    while (!stop) {
-      const int c = ::accept(listener, nullptr, nullptr);
+// A worker on a raw socket that answers every request with the bytes of `answer` and closes: for answers
+// kvroute-sim does not give.
+class RawWorker {
+ public:
+  explicit RawWorker(std::string answer) : answer_(std::move(answer)), port_(free_port()) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    const int one = 1;
+    ::setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(::listen(listener_, 16), 0);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~RawWorker() {
+    stop_ = true;
+    ::shutdown(listener_, SHUT_RDWR);
+    ::close(listener_);
+    thread_.join();
+  }
+  int port() const { return port_; }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      const int c = ::accept(listener_, nullptr, nullptr);
       if (c < 0) break;
       std::string request;
       char buf[8192];
@@ -770,27 +803,54 @@ TEST(RouterE2E, InterimResponsesOfWorkersAreSkipped) {
         if (n <= 0) break;
         request.append(buf, static_cast<std::size_t>(n));
       }
-      const std::string answer = "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
-                                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                                 "Content-Length: " + std::to_string(final_body.size()) + "\r\n\r\n" + final_body;
-      ::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+      ::send(c, answer_.data(), answer_.size(), MSG_NOSIGNAL);
       ::close(c);
     }
-  });
-  const int api = free_port(), admin = free_port();
-  {
-    Process router = Process::start({bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
-                                     "127.0.0.1:" + std::to_string(admin), "--worker",
-                                     "http://127.0.0.1:" + std::to_string(worker_port), "--metrics-interval", "0"});
-    ASSERT_TRUE(wait_http(api, "/health", 10s));
-    auto r = http(api, "POST", "/v1/completions", R"({"model":"m","prompt":"hello","max_tokens":1})", {}, 5s);
-    EXPECT_EQ(r.status, 200) << r.error;
-    EXPECT_EQ(r.body, final_body);
   }
-  stop = true;
-  ::shutdown(listener, SHUT_RDWR);
-  ::close(listener);
-  worker.join();
+
+  std::string answer_;
+  int port_;
+  int listener_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST(RouterE2E, InterimResponsesOfWorkersAreSkipped) {
+  const std::string final_body = R"({"id":"x","object":"text_completion","choices":[{"text":"ok"}],)"
+                                 R"("usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}})";
+  RawWorker worker("HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+                   "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                   "Content-Length: " + std::to_string(final_body.size()) + "\r\n\r\n" + final_body);
+  const int api = free_port(), admin = free_port();
+  Process router = Process::start({bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
+                                   "127.0.0.1:" + std::to_string(admin), "--worker",
+                                   "http://127.0.0.1:" + std::to_string(worker.port()), "--metrics-interval", "0"});
+  ASSERT_TRUE(wait_http(api, "/health", 10s));
+  auto r = http(api, "POST", "/v1/completions", R"({"model":"m","prompt":"hello","max_tokens":1})", {}, 5s);
+  EXPECT_EQ(r.status, 200) << r.error;
+  EXPECT_EQ(r.body, final_body);
+}
+
+// A streaming worker that answers the router's include_usage with usage in its last token event, not in an
+// event of its own: the client gets every event, and the router still counts the usage.
+TEST(RouterE2E, UsageInATokenEventIsCountedAndPassedOn) {
+  const std::string events = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"o\"}}]}\n\n"
+                             "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"k\"},\"finish_reason\":\"stop\"}],"
+                             "\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n"
+                             "data: [DONE]\n\n";
+  RawWorker worker("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\nContent-Length: " +
+                   std::to_string(events.size()) + "\r\n\r\n" + events);
+  const int api = free_port(), admin = free_port();
+  Process router = Process::start({bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
+                                   "127.0.0.1:" + std::to_string(admin), "--worker",
+                                   "http://127.0.0.1:" + std::to_string(worker.port()), "--metrics-interval", "0"});
+  ASSERT_TRUE(wait_http(api, "/health", 10s));
+  auto r = http(api, "POST", "/v1/chat/completions",
+                R"({"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":"hi"}]})", {}, 5s);
+  EXPECT_EQ(r.status, 200) << r.error;
+  EXPECT_EQ(r.body, events);
+  EXPECT_EQ(worker_counter(admin, "kvroute_prompt_tokens_total{"), 7);
+  EXPECT_EQ(worker_counter(admin, "kvroute_reported_cached_tokens_total{"), 4);
 }
 
 

@@ -55,5 +55,39 @@ data: {"usage":{"prompt_tokens":4,"comple)",
                3, 1, 0);
 }
 
+// The extra chunk include_usage adds is recognised, with whitespace as servers format it; every chunk that
+// carries anything else is passed on.
+TEST(Usage, UsageOnlyChunk) {
+  auto u = usage_only_chunk(R"( {"id":"c1","object":"chat.completion.chunk","choices":[],)"
+                            R"("usage":{"prompt_tokens":16,"completion_tokens":2,"total_tokens":18,)"
+                            R"("prompt_tokens_details":{"cached_tokens":8}}})"
+                            "\n\n");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->prompt_tokens, 16u);
+  EXPECT_EQ(u->completion_tokens, 2u);
+  EXPECT_EQ(u->cached_tokens, 8u);
+  u = usage_only_chunk("{\"choices\" : [ ],\n \"usage\" : {\"prompt_tokens\": 3, \"completion_tokens\": 1}}");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->prompt_tokens, 3u);
+
+  // Tokens, with usage null, absent or present (continuous usage stats), or quoted in the text.
+  EXPECT_FALSE(usage_only_chunk(R"({"choices":[{"index":0,"delta":{"content":"hi"}}],"usage":null})"));
+  EXPECT_FALSE(usage_only_chunk(R"({"choices":[{"index":0,"delta":{"content":"hi"}}]})"));
+  EXPECT_FALSE(usage_only_chunk(R"({"choices":[{"delta":{}}],"usage":{"prompt_tokens":3,"completion_tokens":1}})"));
+  EXPECT_FALSE(usage_only_chunk(R"({"choices":[0],"usage":{"prompt_tokens":3}})"));
+  EXPECT_FALSE(usage_only_chunk(R"({"choices":[{"delta":{"content":"\"choices\":[],\"usage\":{}"}}]})"));
+  // No choices, choices not an array, usage not at the top, not JSON, cut short.
+  EXPECT_FALSE(usage_only_chunk(R"({"usage":{"prompt_tokens":3,"completion_tokens":1}})"));
+  EXPECT_FALSE(usage_only_chunk(R"({"choices":{},"usage":{"prompt_tokens":3}})"));
+  EXPECT_FALSE(usage_only_chunk(R"({"choices":[],"x":{"usage":{"prompt_tokens":3}}})"));
+  EXPECT_FALSE(usage_only_chunk("[DONE]"));
+  EXPECT_FALSE(usage_only_chunk(R"({"choices":[],"usage":{"prompt_tokens":3)"));
+  // A number elsewhere in the chunk is not a count.
+  u = usage_only_chunk(R"({"prompt_tokens":99,"choices":[],"usage":{"completion_tokens":4},"completion_tokens":7})");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->prompt_tokens, 0u);
+  EXPECT_EQ(u->completion_tokens, 4u);
+}
+
 }  // namespace
 }  // namespace kvroute::router
