@@ -331,6 +331,15 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
 
   void handle_routed(Endpoint endpoint) {
     const auto t0 = std::chrono::steady_clock::now();
+    // The router reads the body to route it, and OpenAI servers take JSON as it is: a compressed body gets a
+    // clear refusal, not a JSON syntax error.
+    if (const std::string_view coding = req_[http::field::content_encoding];
+        !coding.empty() && !beast::iequals(coding, "identity")) {
+      svc_.metrics.error("bad_request");
+      return send_error(make_error("request bodies with Content-Encoding '" + std::string(coding) +
+                                       "' are not supported: send the JSON uncompressed",
+                                   415, "invalid_request_error", "unsupported_content_encoding"));
+    }
     RequestHeaders headers{req_[svc_.config.session_header], req_[svc_.config.tenant_header]};
     auto parsed = parse_request(endpoint, req_.body(), headers,
                                 ParseOptions{svc_.config.block_tokens, svc_.config.block_bytes, want_tokenize()});

@@ -428,6 +428,8 @@ TEST(RouterE2E, BadInputGetsClearErrorsAndServingContinues) {
   expect_error(http(fleet.api(), "POST", "/v1/completions", R"({"model":"m","prompt":7})"), 400, "'prompt' must be");
   expect_error(http(fleet.api(), "POST", "/v1/completions", R"({"model":"m","prompt":")" + std::string(10000, 'a') + "\"}"),
                413, "exceeds the limit of 4096 bytes");
+  expect_error(http(fleet.api(), "POST", "/v1/completions", "\x1f\x8b\x08\x00", {{"Content-Encoding", "gzip"}}), 415,
+               "Content-Encoding 'gzip' are not supported");
   expect_error(http(fleet.api(), "GET", "/v2/everything"), 404, "no route");
   expect_error(http(fleet.api(), "GET", "/v1/chat/completions"), 405, "not allowed");
   const std::string garbage = raw_exchange(fleet.api(), "THIS IS NOT HTTP\r\n\r\n");
