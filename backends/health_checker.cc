@@ -2,10 +2,25 @@
 
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/json.hpp>
 
 #include "backends/upstream.h"
 
 namespace kvroute::backends {
+
+std::vector<std::string> parse_model_ids(std::string_view body) {
+  std::vector<std::string> ids;
+  boost::system::error_code ec;
+  const boost::json::value v = boost::json::parse(body, ec);
+  if (ec || !v.is_object()) return ids;
+  const auto* data = v.as_object().if_contains("data");
+  if (!data || !data->is_array()) return ids;
+  for (const auto& m : data->as_array()) {
+    const auto* id = m.is_object() ? m.as_object().if_contains("id") : nullptr;
+    if (id && id->is_string() && !id->as_string().empty()) ids.emplace_back(id->as_string());
+  }
+  return ids;
+}
 
 HealthChecker::HealthChecker(boost::asio::any_io_executor ex, WorkerRegistry& registry, Options options,
                              OnChange on_change)
@@ -36,8 +51,17 @@ void HealthChecker::tick() {
   });
 }
 
+HealthChecker::State& HealthChecker::state(const Worker& worker) {
+  State& s = state_[worker.id()];
+  if (s.serial != worker.serial()) {
+    s = State{};
+    s.serial = worker.serial();
+  }
+  return s;
+}
+
 void HealthChecker::check(std::shared_ptr<Worker> worker) {
-  State& s = state_[worker->id()];
+  State& s = state(*worker);
   if (s.in_progress) return;  // a slow check is still running; its timeout will resolve it
   s.in_progress = true;
   http_get(strand_, worker->endpoint(), options_.path, options_.timeout,
@@ -50,15 +74,24 @@ void HealthChecker::check(std::shared_ptr<Worker> worker) {
 }
 
 void HealthChecker::on_result(std::shared_ptr<Worker> worker, std::optional<bool> ok) {
-  State& s = state_[worker->id()];
+  if (worker->removed()) return;  // its id may be another worker's by now
+  State& s = state(*worker);
   s.in_progress = false;
   if (!ok) return;  // no verdict
   if (*ok) {
     s.failures = 0;
     ++s.successes;
+    bool back = false;
     if (!worker->healthy() && s.successes >= options_.healthy_threshold) {
       worker->set_healthy(true);
+      back = true;
       if (on_change_) on_change_(*worker, true);
+    }
+    // A worker that comes back may be another deployment (another model) on the same address.
+    const auto now = std::chrono::steady_clock::now();
+    if (options_.models_refresh.count() > 0 && !s.models_in_progress &&
+        (back || s.models_at == std::chrono::steady_clock::time_point{} || now - s.models_at >= options_.models_refresh)) {
+      read_models(worker);
     }
   } else {
     s.successes = 0;
@@ -68,6 +101,24 @@ void HealthChecker::on_result(std::shared_ptr<Worker> worker, std::optional<bool
       if (on_change_) on_change_(*worker, false);
     }
   }
+}
+
+void HealthChecker::read_models(std::shared_ptr<Worker> worker) {
+  State& s = state(*worker);
+  s.models_in_progress = true;
+  s.models_at = std::chrono::steady_clock::now();  // a worker without /v1/models is asked again at the refresh
+  http_get(strand_, worker->endpoint(), "/v1/models", options_.timeout,
+           [self = shared_from_this(), worker](Result<SimpleResponse> r) {
+             std::vector<std::string> ids;
+             if (r && r->status == 200) ids = parse_model_ids(r->body);
+             boost::asio::post(self->strand_, [self, worker, ids = std::move(ids)]() mutable {
+               if (worker->removed()) return;
+               self->state(*worker).models_in_progress = false;
+               if (ids.empty() || ids == worker->models()) return;
+               worker->set_models(ids);
+               if (self->on_models_) self->on_models_(*worker, ids);
+             });
+           });
 }
 
 }  // namespace kvroute::backends

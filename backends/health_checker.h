@@ -5,6 +5,10 @@
 //   HealthChecker hc(io.get_executor(), registry, {.interval = 2s}, [](const Worker& w, bool up) { log(...); });
 //   hc.start();
 //
+// A worker that passes its check also has its /v1/models read: when first seen healthy, when it comes back,
+// and every `models_refresh`. The ids become the worker's models (Worker::serves), so a fleet serving several
+// models routes each request to the workers that serve its model.
+//
 // Threading: all checker state lives on its own strand; Worker::set_healthy is atomic.
 #pragma once
 
@@ -13,7 +17,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -23,6 +29,10 @@
 
 namespace kvroute::backends {
 
+// The model ids of an OpenAI /v1/models answer ({"data": [{"id": ...}, ...]}), in its order; empty when it is
+// not one.
+std::vector<std::string> parse_model_ids(std::string_view body);
+
 class HealthChecker : public std::enable_shared_from_this<HealthChecker> {
  public:
   struct Options {
@@ -31,29 +41,39 @@ class HealthChecker : public std::enable_shared_from_this<HealthChecker> {
     int unhealthy_threshold = 2;
     int healthy_threshold = 2;
     std::string path = "/health";
+    std::chrono::milliseconds models_refresh{30000};  // 0: /v1/models is not read
   };
   using OnChange = std::function<void(const Worker&, bool healthy)>;
+  using OnModels = std::function<void(const Worker&, const std::vector<std::string>& models)>;
 
   HealthChecker(boost::asio::any_io_executor ex, WorkerRegistry& registry, Options options, OnChange on_change);
+  // Called (on the checker's strand) when a worker's models are first learned or change. Set before start().
+  void on_models(OnModels f) { on_models_ = std::move(f); }
   void start();
   void stop();
 
  private:
   struct State {
+    std::uint64_t serial = 0;  // the worker's: an id reused by a new worker starts a new state
     int failures = 0;
     int successes = 0;
     bool in_progress = false;
+    bool models_in_progress = false;
+    std::chrono::steady_clock::time_point models_at{};  // last read of /v1/models; epoch: never
   };
   void tick();
+  State& state(const Worker& worker);
   void check(std::shared_ptr<Worker> worker);
   // `ok`: the check passed, failed, or (nullopt) could not be made for want of local resources.
   void on_result(std::shared_ptr<Worker> worker, std::optional<bool> ok);
+  void read_models(std::shared_ptr<Worker> worker);
 
   boost::asio::strand<boost::asio::any_io_executor> strand_;
   boost::asio::steady_timer timer_;
   WorkerRegistry& registry_;
   Options options_;
   OnChange on_change_;
+  OnModels on_models_;
   bool stopped_ = false;
   std::unordered_map<WorkerId, State> state_;  // on strand_
 };

@@ -70,6 +70,21 @@ WorkerTelemetry Worker::telemetry() const {
   return telemetry_;
 }
 
+void Worker::set_models(std::vector<std::string> models) {
+  std::lock_guard lock(mu_);
+  models_ = std::move(models);
+}
+
+std::vector<std::string> Worker::models() const {
+  std::lock_guard lock(mu_);
+  return models_;
+}
+
+bool Worker::serves(std::string_view model) const {
+  std::lock_guard lock(mu_);
+  return models_.empty() || std::find(models_.begin(), models_.end(), model) != models_.end();
+}
+
 policy::WorkerView Worker::view() const {
   policy::WorkerView v;
   v.id = id_;

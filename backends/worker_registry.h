@@ -93,6 +93,12 @@ class Worker {
   void set_telemetry(const WorkerTelemetry& t);
   WorkerTelemetry telemetry() const;
 
+  // The models the worker serves: the ids of its /v1/models (served names and loaded LoRA adapters), as the
+  // health checker last read them. Until then it is taken to serve any model.
+  void set_models(std::vector<std::string> models);
+  std::vector<std::string> models() const;
+  bool serves(std::string_view model) const;
+
   // Router-tracked load and reported telemetry; performance rates are filled in by the router's learner.
   policy::WorkerView view() const;
 
@@ -108,6 +114,7 @@ class Worker {
   std::atomic<std::uint64_t> active_decode_{0};
   mutable std::mutex mu_;
   WorkerTelemetry telemetry_;  // guarded by mu_
+  std::vector<std::string> models_;  // guarded by mu_; empty: not known
 };
 
 using WorkerList = std::vector<std::shared_ptr<Worker>>;

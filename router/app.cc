@@ -87,6 +87,11 @@ Result<bool> App::start() {
   health_ = std::make_shared<backends::HealthChecker>(
       io_.get_executor(), registry_, hopts,
       [this](const backends::Worker& w, bool up) { on_health_change(w, up, "failed its health checks"); });
+  health_->on_models([](const backends::Worker& w, const std::vector<std::string>& models) {
+    std::string list;
+    for (const auto& m : models) list += (list.empty() ? "" : ", ") + m;
+    LOG_INFO("worker " << w.name() << " serves " << list);
+  });
   health_->start();
   for (const auto& d : config_.discover) {
     backends::DnsDiscovery::Target target{d.host, d.port, d.kv_events_port, d.replay_port, d.model};
@@ -127,15 +132,8 @@ void App::start_events(const backends::Worker& worker) {
                      [this, id, ep](Result<backends::SimpleResponse> r) {
                        std::string model;
                        if (r && r->status == 200) {
-                         boost::system::error_code ec;
-                         auto v = boost::json::parse(r->body, ec);
-                         if (!ec && v.is_object()) {
-                           const auto* data = v.as_object().if_contains("data");
-                           if (data && data->is_array() && !data->as_array().empty() && data->as_array()[0].is_object()) {
-                             const auto* mid = data->as_array()[0].as_object().if_contains("id");
-                             if (mid && mid->is_string()) model = std::string(mid->as_string());
-                           }
-                         }
+                         auto ids = backends::parse_model_ids(r->body);
+                         if (!ids.empty()) model = std::move(ids.front());
                        }
                        auto worker = registry_.find(id);
                        if (!worker || worker->endpoint().url != ep.url) return;  // removed meanwhile

@@ -113,6 +113,17 @@ void take_complete_events(std::string& pending, std::string& out, bool last, std
   }
 }
 
+// The top-level "model" of a JSON body; empty when there is none (a passed-through request that names no
+// model goes to any worker).
+std::string body_model(std::string_view body) {
+  if (body.empty()) return {};
+  boost::system::error_code ec;
+  const json::value v = json::parse(body, ec);
+  if (ec || !v.is_object()) return {};
+  const auto* model = v.as_object().if_contains("model");
+  return model && model->is_string() ? std::string(model->as_string()) : std::string();
+}
+
 // Appends one "name: value" header line.
 void append_field(std::string& head, std::string_view name, std::string_view value) {
   head.append(name);
@@ -313,6 +324,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       reroutes_ = 0;
       strip_usage_ = false;
       up_body_.clear();
+      passthrough_model_ = body_model(req_.body());
       return forward_to_least_loaded();
     }
     send_error(make_error("no route for " + std::string(req_.method_string()) + " " + std::string(path), 404,
@@ -353,7 +365,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
         svc_.metrics.tokenized("cache_hit", 0.0);
         return route_parsed(std::move(*parsed), t0);
       }
-      auto worker = svc_.router.any_healthy();
+      auto worker = svc_.router.any_healthy(parsed->model);  // the model's tokenizer
       if (worker) {
         auto request = std::make_shared<RoutableRequest>(std::move(*parsed));
         const std::string body = request->tokenize_body;
@@ -755,7 +767,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
 
   // A route passed through as it is (no prefix routing): to the least loaded healthy worker.
   void forward_to_least_loaded() {
-    auto worker = svc_.router.any_healthy();
+    auto worker = svc_.router.any_healthy(passthrough_model_);
     if (!worker) return send_error(no_healthy_worker());
     forward(std::move(worker));
   }
@@ -893,6 +905,9 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
         o["url"] = w->endpoint().url;
         o["healthy"] = w->healthy();
         o["in_flight"] = w->in_flight();
+        json::array models;
+        for (const auto& m : w->models()) models.emplace_back(m);
+        o["models"] = std::move(models);
         o["indexed_blocks"] = svc_.router.index().worker_blocks(w->id());
         o["mode"] = w->precise() ? "precise" : "approximate";
         const auto rates = svc_.router.learned_rates(w->id());
@@ -1106,6 +1121,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
 
   std::optional<Decision> decision_;
   std::optional<RoutableRequest> routable_;  // the routed request, for routing it again (connect_failed)
+  std::string passthrough_model_;            // the model a passed-through request names, if any
   int reroutes_ = 0;
   std::shared_ptr<backends::Worker> worker_;
   std::string up_head_;          // start line and fields of the request to the worker

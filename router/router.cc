@@ -12,6 +12,23 @@ std::uint64_t mix(std::uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
+
+// A fleet may serve several models: workers that do not serve the request's model are taken out of its
+// candidates, as long as a healthy worker serves it. When none does, every worker stays a candidate and the
+// worker's own answer (an unknown model) reaches the client.
+void keep_serving(const backends::WorkerList& workers, std::string_view model, std::vector<policy::WorkerView>& views) {
+  thread_local std::vector<char> serving;
+  serving.assign(views.size(), 0);
+  bool any = false;
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    serving[i] = workers[i]->serves(model);
+    any = any || (serving[i] && views[i].healthy);
+  }
+  if (!any) return;
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    if (!serving[i]) views[i].healthy = false;
+  }
+}
 }  // namespace
 
 Router::Router(const Config& config, backends::WorkerRegistry& registry,
@@ -42,6 +59,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   thread_local hashing::PrefixIndex::Match match;
   thread_local std::vector<std::uint64_t> reused, capacity;
   backends::WorkerRegistry::fill_views(*workers, views);
+  if (!request.model.empty()) keep_serving(*workers, request.model, views);
   hashing::WorkerId max_id = 0;
   for (const auto& v : views) max_id = std::max(max_id, v.id);
   reused.assign(static_cast<std::size_t>(max_id) + 1, 0);
@@ -134,13 +152,17 @@ void Router::match_prefix(const RoutableRequest& request, hashing::PrefixIndex::
   out.longest = std::min(out.longest, cap);
 }
 
-std::shared_ptr<backends::Worker> Router::any_healthy() const {
-  std::shared_ptr<backends::Worker> best;
+std::shared_ptr<backends::Worker> Router::any_healthy(std::string_view model) const {
+  std::shared_ptr<backends::Worker> best, best_serving;
   const auto workers = registry_.snapshot();
   for (const auto& w : *workers) {
-    if (w->healthy() && (!best || w->in_flight() < best->in_flight())) best = w;
+    if (!w->healthy()) continue;
+    if (!best || w->in_flight() < best->in_flight()) best = w;
+    if (!model.empty() && w->serves(model) && (!best_serving || w->in_flight() < best_serving->in_flight())) {
+      best_serving = w;
+    }
   }
-  return best;
+  return best_serving ? best_serving : best;
 }
 
 void Router::first_byte(Decision& d) {

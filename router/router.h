@@ -63,8 +63,9 @@ class Router {
          RouterMetrics& metrics);
 
   Result<Decision> route(const RoutableRequest& request);
-  // Any healthy worker, least loaded first (pass-through routes).
-  std::shared_ptr<backends::Worker> any_healthy() const;
+  // The least loaded healthy worker (pass-through routes); with a model, one that serves it if any healthy
+  // worker does.
+  std::shared_ptr<backends::Worker> any_healthy(std::string_view model = {}) const;
   void first_byte(Decision& d);
   void complete(Decision& d, const Outcome& outcome);
 

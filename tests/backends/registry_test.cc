@@ -1,3 +1,4 @@
+#include "backends/health_checker.h"
 #include "backends/worker_registry.h"
 
 #include <gtest/gtest.h>
@@ -59,6 +60,29 @@ TEST(Worker, LoadAccountingBalances) {
   EXPECT_EQ(v.in_flight, 0u);
   EXPECT_EQ(v.pending_prefill_tokens, 0u);
   EXPECT_EQ(v.active_decode_tokens, 0u);
+}
+
+
+// The ids of a /v1/models answer, served names and adapters alike; anything else gives none.
+TEST(ModelIds, ReadFromAModelsAnswer) {
+  EXPECT_EQ(parse_model_ids(R"({"object":"list","data":[{"id":"qwen3-8b","object":"model"},)"
+                            R"({"id":"sql-lora","object":"model","parent":"qwen3-8b"}]})"),
+            (std::vector<std::string>{"qwen3-8b", "sql-lora"}));
+  EXPECT_TRUE(parse_model_ids(R"({"data":[]})").empty());
+  EXPECT_TRUE(parse_model_ids(R"({"data":[{"name":"x"},7,{"id":""}]})").empty());
+  EXPECT_TRUE(parse_model_ids("not json").empty());
+  EXPECT_TRUE(parse_model_ids(R"(["qwen3-8b"])").empty());
+}
+
+// A worker serves any model until its models are known, then only those.
+TEST(Worker, ServesItsModelsOnceKnown) {
+  Worker w(0, *parse_worker_url("http://127.0.0.1:8000"));
+  EXPECT_TRUE(w.serves("anything"));
+  w.set_models({"qwen3-8b", "sql-lora"});
+  EXPECT_TRUE(w.serves("qwen3-8b"));
+  EXPECT_TRUE(w.serves("sql-lora"));
+  EXPECT_FALSE(w.serves("llama-3.1-8b"));
+  EXPECT_FALSE(w.serves(""));
 }
 
 }  // namespace

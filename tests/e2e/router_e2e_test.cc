@@ -943,6 +943,62 @@ TEST(RouterE2E, AccessLogHasALinePerRequest) {
 }
 
 
+// A fleet serving two models behind one router: every request goes to a worker that serves its model, routed
+// or passed through, and /admin/workers shows what each worker serves (read from its /v1/models).
+TEST(RouterE2E, RequestsGoToWorkersOfTheirModel) {
+  const int base = free_ports(3), api = free_port(), admin = free_port();
+  std::vector<Process> sims;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> argv{bin("kvroute-sim"), "--port", std::to_string(base + i), "--speed", "50"};
+    if (i == 2) argv.insert(argv.end(), {"--model", "llama-3.1-8b", "--served-model-name", "llama-3.1-8b"});
+    sims.push_back(Process::start(argv));
+  }
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(wait_http(base + i, "/health", 10s));
+  std::vector<std::string> argv{bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
+                                "127.0.0.1:" + std::to_string(admin), "--health-interval", "0.2"};
+  for (int i = 0; i < 3; ++i) argv.insert(argv.end(), {"--worker", "http://127.0.0.1:" + std::to_string(base + i)});
+  Process router = Process::start(argv);
+  ASSERT_TRUE(wait_http(api, "/health", 10s));
+  // The health checker reads every worker's models.
+  std::map<std::string, std::string> serves;  // worker name -> its first model
+  for (auto until = std::chrono::steady_clock::now() + 5s; serves.size() < 3 && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(100ms);
+    serves.clear();
+    const json::value listed = json::parse(http(admin, "GET", "/admin/workers").body);
+    for (const auto& w : listed.at("workers").as_array()) {
+      const auto& models = w.at("models").as_array();
+      if (!models.empty()) serves[std::string(w.at("name").as_string())] = std::string(models.at(0).as_string());
+    }
+  }
+  const std::string llama = "127.0.0.1:" + std::to_string(base + 2);
+  ASSERT_EQ(serves.size(), 3u);
+  EXPECT_EQ(serves[llama], "llama-3.1-8b");
+  EXPECT_EQ(serves["127.0.0.1:" + std::to_string(base)], "qwen3-8b");
+
+  std::set<std::string> qwen_workers;
+  for (int i = 0; i < 8; ++i) {
+    for (const std::string model : {"llama-3.1-8b", "qwen3-8b"}) {
+      json::object body{{"model", model}, {"max_tokens", 2}};
+      body["messages"] = json::array{json::object{{"role", "user"}, {"content", "question " + std::to_string(i)}}};
+      if (i % 2) body["stream"] = true;
+      auto r = http(api, "POST", "/v1/chat/completions", json::serialize(body));
+      ASSERT_EQ(r.status, 200) << r.body;
+      EXPECT_NE(r.body.find(model), std::string::npos);
+      if (model == "llama-3.1-8b") EXPECT_EQ(r.header("x-kvroute-worker"), llama);
+      else qwen_workers.insert(r.header("x-kvroute-worker"));
+    }
+  }
+  EXPECT_EQ(qwen_workers.count(llama), 0u);
+  // Passed through (the sim serves no embeddings, but the request reached a worker of its model).
+  for (int i = 0; i < 4; ++i) {
+    auto r = http(api, "POST", "/v1/embeddings", R"({"model":"llama-3.1-8b","input":"hi"})");
+    EXPECT_EQ(r.header("x-kvroute-worker"), llama);
+  }
+  // A model nobody serves reaches a worker, whose answer passes through.
+  auto unknown = http(api, "POST", "/v1/completions", R"({"model":"nope","prompt":"hi","max_tokens":2})");
+  EXPECT_EQ(unknown.status, 404) << unknown.body;
+}
+
 // Workers found by DNS (`discover` in the config file, as the Helm chart writes it): the name's address is
 // added as a worker and serves, next to a worker given by URL.
 TEST(RouterE2E, DiscoveredWorkersServe) {
