@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
@@ -111,6 +112,14 @@ void take_complete_events(std::string& pending, std::string& out, bool last, std
     out.append(pending);
     pending.clear();
   }
+}
+
+// Inference routes that vLLM and SGLang serve outside /v1/, passed through like /v1/* ones. Workers' control
+// routes (/flush_cache, /load, ...) are not: they would reach one worker of many.
+bool passed_through_root_route(std::string_view path) {
+  static constexpr std::string_view kRoutes[] = {"/tokenize", "/detokenize", "/pooling", "/classify", "/score",
+                                                 "/rerank",   "/generate",   "/encode"};
+  return std::find(std::begin(kRoutes), std::end(kRoutes), path) != std::end(kRoutes);
 }
 
 // The top-level "model" of a JSON body; empty when there is none (a passed-through request that names no
@@ -319,7 +328,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       if (method != http::verb::get) return method_not_allowed("GET");
       return handle_models();
     }
-    if (path.starts_with("/v1/")) {
+    if (path.starts_with("/v1/") || passed_through_root_route(path)) {
       decision_.reset();
       reroutes_ = 0;
       strip_usage_ = false;

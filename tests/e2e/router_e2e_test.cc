@@ -989,11 +989,17 @@ TEST(RouterE2E, RequestsGoToWorkersOfTheirModel) {
     }
   }
   EXPECT_EQ(qwen_workers.count(llama), 0u);
-  // Passed through (the sim serves no embeddings, but the request reached a worker of its model).
+  // Passed through, under /v1/ and at vLLM's root routes (the sim serves no embeddings, but the request
+  // reached a worker of its model).
   for (int i = 0; i < 4; ++i) {
     auto r = http(api, "POST", "/v1/embeddings", R"({"model":"llama-3.1-8b","input":"hi"})");
     EXPECT_EQ(r.header("x-kvroute-worker"), llama);
+    auto t = http(api, "POST", "/tokenize", R"({"model":"llama-3.1-8b","prompt":"hello world"})");
+    EXPECT_EQ(t.status, 200) << t.body;
+    EXPECT_NE(t.body.find("\"tokens\""), std::string::npos) << t.body;
+    EXPECT_EQ(t.header("x-kvroute-worker"), llama);
   }
+  EXPECT_EQ(http(api, "POST", "/flush_cache").status, 404);  // a worker's control route is not passed on
   // A model nobody serves reaches a worker, whose answer passes through.
   auto unknown = http(api, "POST", "/v1/completions", R"({"model":"nope","prompt":"hi","max_tokens":2})");
   EXPECT_EQ(unknown.status, 404) << unknown.body;
