@@ -55,6 +55,18 @@ double worker_counter(int port, const std::string& name) {
   return std::stod(line.substr(line.rfind(' ') + 1));
 }
 
+// The counter once it has reached `value`, or when `wait` has passed: the router counts a request when it
+// has finished writing the response, which the client may have read before that.
+double counter_reaching(int port, const std::string& name, double value, std::chrono::milliseconds wait = 3s) {
+  const auto until = std::chrono::steady_clock::now() + wait;
+  double v = worker_counter(port, name);
+  while (v < value && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+    v = worker_counter(port, name);
+  }
+  return v;
+}
+
 // Requests the worker on `port` cancelled because their client (the router) went away.
 double cancelled_requests(int port) { return worker_counter(port, "kvroute_sim:requests_cancelled_total"); }
 
@@ -851,8 +863,8 @@ TEST(RouterE2E, UsageInATokenEventIsCountedAndPassedOn) {
                 R"({"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":"hi"}]})", {}, 5s);
   EXPECT_EQ(r.status, 200) << r.error;
   EXPECT_EQ(r.body, events);
-  EXPECT_EQ(worker_counter(admin, "kvroute_prompt_tokens_total{"), 7);
-  EXPECT_EQ(worker_counter(admin, "kvroute_reported_cached_tokens_total{"), 4);
+  EXPECT_EQ(counter_reaching(admin, "kvroute_prompt_tokens_total{", 7), 7);
+  EXPECT_EQ(counter_reaching(admin, "kvroute_reported_cached_tokens_total{", 4), 4);
 }
 
 
