@@ -31,6 +31,7 @@
 #include "hashing/prefix_index.h"
 #include "policy/routing_policy.h"
 #include "router/request.h"
+#include "router/router.h"
 
 namespace {
 
@@ -225,6 +226,41 @@ BENCHMARK(BM_RoutingDecision)
     ->ArgNames({"workers", "policy"})
     ->ArgsProduct({{16, 64}, {0, 1, 2}})
     ->Unit(benchmark::kMicrosecond);
+
+// The daemon's decision as Router::route makes it, after parsing: the snapshot of 64 workers and their views
+// (each worker's lock), learned rates, the model check, match, pick, and recording the routed chain; then
+// Router::complete, so the in-flight counts stay level. Arg `models`: 0 = the workers' models are not known
+// yet, 1 = every worker lists three models (the request's among them), 2 = half the workers serve another
+// model.
+void BM_RouterRoute(benchmark::State& state) {
+  constexpr int kWorkers = 64;
+  const int models = static_cast<int>(state.range(0));
+  kvroute::router::Config config;
+  config.policy = "kv_cost";
+  kvroute::backends::WorkerRegistry registry;
+  kvroute::router::RouterMetrics metrics;
+  kvroute::router::Router router(config, registry, policy_named("kv_cost"), metrics);
+  for (int i = 0; i < kWorkers; ++i) {
+    auto ep = kvroute::backends::parse_worker_url("http://10.0.0." + std::to_string(i + 1) + ":8000");
+    if (!ep || !registry.add(*ep)) std::abort();
+  }
+  for (const auto& w : *registry.snapshot()) {
+    if (models == 1) w->set_models({"llama-3.1-8b", kModel, "sql-lora"});
+    if (models == 2) w->set_models({w->id() % 2 ? std::string(kModel) : std::string("llama-3.1-8b")});
+  }
+  fill_background(router.index(), kWorkers, 1'000'000, 7);
+  fill_conversation(router.index(), kWorkers, parsed().chain);
+  const auto& r = parsed();
+  for (auto _ : state) {
+    auto d = router.route(r);
+    if (!d) std::abort();
+    state.PauseTiming();
+    router.complete(*d, kvroute::router::Outcome{true, std::nullopt});
+    state.ResumeTiming();
+  }
+  state.SetLabel(models == 0 ? "models unknown" : models == 1 ? "all serve the model" : "half serve it");
+}
+BENCHMARK(BM_RouterRoute)->ArgName("models")->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
 
 // ---------------------------------------------------------------------------------------------------------
 // Stage by stage.

@@ -128,9 +128,27 @@ void PrefixIndex::lru_push_front(WorkerLru& l, std::uint32_t e) {
   l.head = e;
 }
 
+// find_entry for an update: the worker's entry also moves to the front of the block's list. A block held by
+// many workers (a shared system prompt) has a long list, and the worker that touches it is likely to touch it
+// again (its chats return to it): the next walk then stops at the first entry.
+std::uint32_t PrefixIndex::find_entry_to_front(WorkerId w, BlockHash h) {
+  const std::size_t s = find_slot(h);
+  if (s == kNoSlot || (slots_[s].holders() & holder_bit(w)) == 0) return kNil;
+  for (std::uint32_t prev = kNil, e = slots_[s].head; e != kNil; prev = e, e = entries_[e].next_in_block) {
+    if (entries_[e].worker != w) continue;
+    if (prev != kNil) {
+      entries_[prev].next_in_block = entries_[e].next_in_block;
+      entries_[e].next_in_block = slots_[s].head;
+      slots_[s].head = e;
+    }
+    return e;
+  }
+  return kNil;
+}
+
 std::uint32_t PrefixIndex::touch(WorkerId w, BlockHash h, Tier tier) {
   WorkerLru& l = lru(w);
-  std::uint32_t e = find_entry(w, h);
+  std::uint32_t e = find_entry_to_front(w, h);
   if (e != kNil) {
     Entry& en = entries_[e];
     if (en.hits == 0) ++l.reused;

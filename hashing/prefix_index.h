@@ -148,6 +148,7 @@ class PrefixIndex {
   // --- entries ---
   WorkerLru& lru(WorkerId w);
   std::uint32_t find_entry(WorkerId w, BlockHash h) const;
+  std::uint32_t find_entry_to_front(WorkerId w, BlockHash h);
   std::uint32_t alloc_entry();
   void lru_unlink(WorkerLru& l, std::uint32_t e);
   void lru_push_front(WorkerLru& l, std::uint32_t e);
