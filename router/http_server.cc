@@ -437,7 +437,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   // ---- proxying ----
   void forward(std::shared_ptr<backends::Worker> worker) {
     worker_ = std::move(worker);
-    // Nothing of an earlier exchange on this connection may be read as this one's usage.
+    // Nothing of an earlier exchange on this connection may be read as this one's usage (finish() reads it
+    // even when the exchange ends before the worker's head).
     tail_.clear();
     stream_usage_.reset();
     // HTTP/1.1 to the worker: keep-alive by default, the body re-framed by its length.
@@ -560,7 +561,6 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (svc_.config.worker_header) append_field(down_head_, "x-kvroute-worker", worker_->name());
     strip_active_ = strip_usage_ && up[http::field::content_type].find("text/event-stream") != std::string_view::npos;
     sse_.clear();
-    stream_usage_.reset();
     down_chunked_ = false;
     if (strip_active_) {
       down_chunked_ = true;  // the body shrinks by the removed event
@@ -582,7 +582,6 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     down_head_.append("\r\n");
     head_pending_ = true;
     down_last_ = false;
-    tail_.clear();
     // Eager: one read passes on every chunk it brought (an SSE stream is a chunk per event), not one chunk.
     up_parser_->eager(true);
     // Body bytes that came with the head go out with it in one write; otherwise the head goes out alone now.

@@ -76,13 +76,7 @@ double served_requests(int port) { return worker_counter(port, "vllm:request_suc
 // cancelled_requests(port) once it is at least 1, or when `wait` has passed (the worker notices a closed
 // connection at its next token).
 double cancelled_within(int port, std::chrono::milliseconds wait) {
-  const auto until = std::chrono::steady_clock::now() + wait;
-  double cancelled = cancelled_requests(port);
-  while (cancelled < 1 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(100ms);
-    cancelled = cancelled_requests(port);
-  }
-  return cancelled;
+  return counter_reaching(port, "kvroute_sim:requests_cancelled_total", 1, wait);
 }
 
 // A fleet: `n` kvroute-sim workers (one process each, so one can be killed) behind one kvroute.
