@@ -207,7 +207,9 @@ const std::vector<Option>& options() {
        DOUBLE_OPT(tokenize_timeout_s, 0.001, 60)},
       {"tokenize-cache", "N", "prompts whose token ids are remembered (default 4096; 0 disables)",
        INT_OPT(std::size_t, tokenize_cache_entries, 0, 10'000'000)},
-      {"health-interval", "SECONDS", "interval of active health checks, GET /health; a passing worker's /v1/models is read too, every 30 s (default 2)",
+      {"health-interval", "SECONDS",
+       "interval of active health checks, GET /health; a passing worker's /v1/models is read too, every 30 s "
+       "(default 2)",
        DOUBLE_OPT(health_interval_s, 0.01, 3600)},
       {"health-timeout", "SECONDS", "deadline of one health check (default 1)", DOUBLE_OPT(health_timeout_s, 0.001, 600)},
       {"unhealthy-threshold", "N", "consecutive failed checks that take a worker out (default 2)",
