@@ -122,17 +122,6 @@ bool passed_through_root_route(std::string_view path) {
   return std::find(std::begin(kRoutes), std::end(kRoutes), path) != std::end(kRoutes);
 }
 
-// The top-level "model" of a JSON body; empty when there is none (a passed-through request that names no
-// model goes to any worker).
-std::string body_model(std::string_view body) {
-  if (body.empty()) return {};
-  boost::system::error_code ec;
-  const json::value v = json::parse(body, ec);
-  if (ec || !v.is_object()) return {};
-  const auto* model = v.as_object().if_contains("model");
-  return model && model->is_string() ? std::string(model->as_string()) : std::string();
-}
-
 // Appends one "name: value" header line.
 void append_field(std::string& head, std::string_view name, std::string_view value) {
   head.append(name);
@@ -333,7 +322,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       reroutes_ = 0;
       strip_usage_ = false;
       up_body_.clear();
-      passthrough_model_ = body_model(req_.body());
+      passthrough_model_ = top_level_model(req_.body());
       return forward_to_least_loaded();
     }
     send_error(make_error("no route for " + std::string(req_.method_string()) + " " + std::string(path), 404,

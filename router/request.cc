@@ -1,6 +1,8 @@
 #include "router/request.h"
 
 #include <array>
+#include <cstring>
+#include <optional>
 
 #include <boost/json.hpp>
 
@@ -195,6 +197,120 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
     }
   }
   return r;
+}
+
+namespace {
+
+// A cursor over JSON text that steps over values without decoding them.
+class Skimmer {
+ public:
+  explicit Skimmer(std::string_view text) : p_(text.data()), end_(text.data() + text.size()) {}
+
+  void skip_space() {
+    while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+  }
+
+  // After optional whitespace, consumes `c` if it comes next.
+  bool take(char c) {
+    skip_space();
+    if (p_ == end_ || *p_ != c) return false;
+    ++p_;
+    return true;
+  }
+
+  bool at_end() {
+    skip_space();
+    return p_ == end_;
+  }
+
+  // A string literal at the cursor: its text between the quotes, escapes left as written.
+  std::optional<std::string_view> string_literal() {
+    if (p_ == end_ || *p_ != '"') return std::nullopt;
+    const char* const start = ++p_;
+    for (;;) {
+      const auto* quote = static_cast<const char*>(std::memchr(p_, '"', static_cast<std::size_t>(end_ - p_)));
+      if (quote == nullptr) return std::nullopt;
+      p_ = quote + 1;
+      const char* b = quote;
+      while (b > start && b[-1] == '\\') --b;
+      if ((quote - b) % 2 == 0) return std::string_view(start, static_cast<std::size_t>(quote - start));
+    }
+  }
+
+  // One value of any kind. Containers are matched bracket for bracket, strings skipped whole; what lies
+  // between (numbers, literals, separators) is passed over unchecked.
+  bool skip_value() {
+    skip_space();
+    if (p_ == end_) return false;
+    if (*p_ == '"') return string_literal().has_value();
+    if (*p_ == '{' || *p_ == '[') {
+      std::size_t depth = 0;
+      while (p_ < end_) {
+        const char c = *p_;
+        if (c == '"') {
+          if (!string_literal()) return false;
+          continue;
+        }
+        ++p_;
+        if (c == '{' || c == '[') {
+          ++depth;
+        } else if ((c == '}' || c == ']') && --depth == 0) {
+          return true;
+        }
+      }
+      return false;
+    }
+    const char* const start = p_;
+    while (p_ < end_ && *p_ != ',' && *p_ != '}' && *p_ != ']' && *p_ != ' ' && *p_ != '\n' && *p_ != '\r' &&
+           *p_ != '\t')
+      ++p_;
+    return p_ > start;
+  }
+
+ private:
+  const char* p_;
+  const char* end_;
+};
+
+// The decoded text of a string literal's contents (escapes resolved); nullopt when they are invalid.
+std::optional<std::string> decode_literal(std::string_view raw) {
+  if (raw.find('\\') == std::string_view::npos) return std::string(raw);
+  std::string quoted;
+  quoted.reserve(raw.size() + 2);
+  quoted.append(1, '"').append(raw).append(1, '"');
+  boost::system::error_code ec;
+  const json::value v = json::parse(quoted, ec);
+  if (ec || !v.is_string()) return std::nullopt;
+  return std::string(v.as_string());
+}
+
+}  // namespace
+
+std::string top_level_model(std::string_view body) {
+  Skimmer s(body);
+  if (!s.take('{')) return {};
+  if (s.take('}')) return {};
+  std::string model;
+  do {
+    s.skip_space();
+    const auto key = s.string_literal();
+    if (!key || !s.take(':')) return {};
+    const bool is_model = *key == "model" || (key->find('\\') != std::string_view::npos && decode_literal(*key) == "model");
+    if (!is_model) {
+      if (!s.skip_value()) return {};
+      continue;
+    }
+    s.skip_space();
+    if (const auto value = s.string_literal()) {
+      auto decoded = decode_literal(*value);
+      if (!decoded) return {};
+      model = std::move(*decoded);
+    } else {
+      if (!s.skip_value()) return {};
+      model.clear();
+    }
+  } while (s.take(','));
+  return s.take('}') && s.at_end() ? model : std::string();
 }
 
 void use_token_ids(RoutableRequest& request, const std::vector<std::uint32_t>& tokens, std::uint32_t block_tokens) {

@@ -56,6 +56,14 @@ void use_token_ids(RoutableRequest& request, const std::vector<std::uint32_t>& t
 Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, const RequestHeaders& headers,
                                       const ParseOptions& options);
 
+// The top-level "model" of a JSON object body, found without building the document: nested values are
+// skipped over (strings, brackets and nothing else looked at), so a 1 MB embeddings body costs a scan, not a
+// parse (kvroute-routing-bench BM_TopLevelModel). A repeated key counts last, as the workers' JSON readers
+// take it. Empty when the body is not an object, its top level is malformed, or "model" is absent or not a
+// string: a passed-through request that names no model goes to any worker, whose answer then says what is
+// wrong. Values below the top level are not validated.
+std::string top_level_model(std::string_view body);
+
 // {"error":{"message":...,"type":...,"code":...}} as OpenAI sends it.
 std::string error_json(const Error& e);
 

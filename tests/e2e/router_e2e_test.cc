@@ -1000,6 +1000,11 @@ TEST(RouterE2E, RequestsGoToWorkersOfTheirModel) {
   for (int i = 0; i < 4; ++i) {
     auto r = http(api, "POST", "/v1/embeddings", R"({"model":"llama-3.1-8b","input":"hi"})");
     EXPECT_EQ(r.header("x-kvroute-worker"), llama);
+    // The model last, after a large input, as the OpenAI Python client orders it; a nested "model" is not it.
+    std::string batch = R"({"input":[)";
+    for (int row = 0; row < 2000; ++row) batch += (row ? ",[" : "[") + std::string("101,2023,2003,1037,3231") + "]";
+    batch += R"(],"metadata":{"model":"qwen3-8b"},"model":"llama-3.1-8b"})";
+    EXPECT_EQ(http(api, "POST", "/v1/embeddings", batch).header("x-kvroute-worker"), llama);
     auto t = http(api, "POST", "/tokenize", R"({"model":"llama-3.1-8b","prompt":"hello world"})");
     EXPECT_EQ(t.status, 200) << t.body;
     EXPECT_NE(t.body.find("\"tokens\""), std::string::npos) << t.body;

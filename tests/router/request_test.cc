@@ -3,6 +3,11 @@
 #include <boost/json.hpp>
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
 namespace kvroute::router {
 namespace {
 
@@ -151,6 +156,80 @@ TEST(Request, ErrorJsonIsOpenAIShaped) {
   EXPECT_EQ(e.at("message").as_string(), "bad");
   EXPECT_EQ(e.at("type").as_string(), "invalid_request_error");
   EXPECT_EQ(e.at("code").as_string(), "x");
+}
+
+TEST(TopLevelModel, FindsTheModelWhereverItIsAtTheTop) {
+  EXPECT_EQ(top_level_model(R"({"model":"m1","input":"x"})"), "m1");
+  EXPECT_EQ(top_level_model(R"({"input":[[1,2,3],[4,5]],"encoding_format":"float","model":"m2"})"), "m2");
+  EXPECT_EQ(top_level_model(" \n{ \"input\" : { \"a\" : [ 1 , { } ] } ,\t\"model\" : \"m3\" } \n"), "m3");
+}
+
+TEST(TopLevelModel, NestedModelKeysAreNotTheRequestsModel) {
+  EXPECT_EQ(top_level_model(R"({"input":{"model":"inner"}})"), "");
+  EXPECT_EQ(top_level_model(R"({"input":[{"model":"inner"}],"model":"outer"})"), "outer");
+  EXPECT_EQ(top_level_model(R"({"input":"{\"model\":\"inner\"}","model":"outer"})"), "outer");
+}
+
+TEST(TopLevelModel, EscapesInStringsAndKeys) {
+  // Quotes and brackets inside strings do not end them or change the depth.
+  EXPECT_EQ(top_level_model(R"({"input":"a \"quoted\" ] } [ text \\","model":"m"})"), "m");
+  EXPECT_EQ(top_level_model(R"({"\u006dodel":"m"})"), "m");
+  EXPECT_EQ(top_level_model(R"({"model":"org\/m\u00e9"})"), "org/m\xc3\xa9");
+}
+
+TEST(TopLevelModel, RepeatedKeyCountsLast) {
+  EXPECT_EQ(top_level_model(R"({"model":"a","input":"x","model":"b"})"), "b");
+  EXPECT_EQ(top_level_model(R"({"model":"a","model":7})"), "");
+}
+
+TEST(TopLevelModel, NoModelOrNoObjectGivesEmpty) {
+  for (const char* body : {"", "[]", "\"model\"", "{}", R"({"model":null})", R"({"model":["m"]})",
+                           R"({"input":"x"})", R"({"model":"m")", R"({"model":"m",})", R"({"model" "m"})",
+                           R"({"input":[1,2,"model":"m"})", R"({"model":"m"}})", R"({"model":"unterminated})",
+                           R"({"model":"bad escape \q"})"}) {
+    EXPECT_EQ(top_level_model(body), "") << body;
+  }
+}
+
+// The skimmer against a full parse, on random documents with the model key at a random place among nested
+// values full of escapes and brackets.
+TEST(TopLevelModel, AgreesWithAFullParse) {
+  std::mt19937 rng(7);
+  const std::vector<std::string> atoms = {"0", "-1.5e3", "true", "null", R"("plain")", R"("q\"uote")",
+                                          R"("back\\slash\\")", R"("br]ack}{et[")", R"("u\u00e9")"};
+  std::function<std::string(int)> value = [&](int depth) -> std::string {
+    const int kind = depth > 3 ? 0 : static_cast<int>(rng() % 3);
+    if (kind == 0) return atoms[rng() % atoms.size()];
+    std::string out(1, kind == 1 ? '[' : '{');
+    const int n = static_cast<int>(rng() % 4);
+    for (int i = 0; i < n; ++i) {
+      if (i > 0) out += rng() % 2 ? "," : " ,\n ";
+      if (kind == 2) out += (rng() % 3 == 0 ? R"("model")" : "\"k" + std::to_string(i) + "\"") + std::string(":");
+      out += value(depth + 1);
+    }
+    return out + (kind == 1 ? ']' : '}');
+  };
+  int with_model = 0;
+  for (int doc = 0; doc < 2000; ++doc) {
+    std::string body = "{";
+    const int n = 1 + static_cast<int>(rng() % 5);
+    const int model_at = static_cast<int>(rng() % (n + 1));  // n: no model key
+    for (int i = 0; i < n; ++i) {
+      if (i > 0) body += ",";
+      if (i == model_at) {
+        body += R"("model":)" + (rng() % 4 == 0 ? value(1) : "\"m-" + std::to_string(doc) + "\"");
+      } else {
+        body += "\"f" + std::to_string(i) + "\":" + value(1);
+      }
+    }
+    body += "}";
+    const boost::json::value v = boost::json::parse(body);
+    const auto* m = v.as_object().if_contains("model");
+    const std::string expected = m && m->is_string() ? std::string(m->as_string()) : std::string();
+    with_model += !expected.empty();
+    EXPECT_EQ(top_level_model(body), expected) << body;
+  }
+  EXPECT_GT(with_model, 1000);
 }
 
 }  // namespace
