@@ -203,6 +203,13 @@ namespace {
 
 // A cursor over JSON text that steps over values without decoding them.
 class Skimmer {
+  // The characters that open or close something a skip must match: strings and containers.
+  static constexpr std::array<bool, 256> kStructural = [] {
+    std::array<bool, 256> t{};
+    for (const unsigned char c : {'"', '{', '[', '}', ']'}) t[c] = true;
+    return t;
+  }();
+
  public:
   explicit Skimmer(std::string_view text) : p_(text.data()), end_(text.data() + text.size()) {}
 
@@ -246,6 +253,8 @@ class Skimmer {
     if (*p_ == '{' || *p_ == '[') {
       std::size_t depth = 0;
       while (p_ < end_) {
+        while (p_ < end_ && !kStructural[static_cast<unsigned char>(*p_)]) ++p_;  // numbers, literals, ",:"
+        if (p_ == end_) break;
         const char c = *p_;
         if (c == '"') {
           if (!string_literal()) return false;
