@@ -21,6 +21,7 @@ std::string_view reason_name(Reason r) {
     case Reason::kLoadFallback: return "load_fallback";
     case Reason::kCold: return "cold";
     case Reason::kOnlyChoice: return "only_choice";
+    case Reason::kPreviousResponse: return "previous_response";
   }
   return "unknown";
 }

@@ -64,7 +64,8 @@ struct RoutingContext {
   std::uint64_t matched_tokens(std::size_t i) const;
 };
 
-enum class Reason : std::uint8_t { kPrefixHit, kSession, kLoadFallback, kCold, kOnlyChoice };
+// kPreviousResponse: set by the router, not a policy (a Responses API request continuing a stored response).
+enum class Reason : std::uint8_t { kPrefixHit, kSession, kLoadFallback, kCold, kOnlyChoice, kPreviousResponse };
 std::string_view reason_name(Reason r);
 
 struct Pick {

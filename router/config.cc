@@ -193,6 +193,10 @@ const std::vector<Option>& options() {
        DOUBLE_OPT(session_margin_s, 0, 1e6)},
       {"tenant-header", "NAME", "request header naming the tenant; isolates cache namespaces (default x-tenant-id)",
        [](Config& c, const std::string& v) { c.tenant_header = v; return std::optional<std::string>(); }},
+      {"response-ids", "N",
+       "Responses API ids remembered with the worker that stored them, so that a request naming one as "
+       "previous_response_id goes there (default 100000; the oldest are forgotten first)",
+       INT_OPT(std::size_t, response_ids, 1, 100'000'000)},
       {"kv-events-topic", "PREFIX", "ZMQ topic prefix of the workers' KV events (default: all topics)",
        [](Config& c, const std::string& v) { c.kv_events_topic = v; return std::optional<std::string>(); }},
       {"tokenize", "MODE",

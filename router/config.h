@@ -60,6 +60,8 @@ struct Config {
   double session_ttl_s = 600;
   double session_margin_s = 0.25;  // policy::PolicyOptions explains the default
   std::string tenant_header = "x-tenant-id";
+  // Responses API: response ids remembered with the worker that stored them (previous_response_id).
+  std::size_t response_ids = 100000;
 
   // Precise mode (KV events).
   std::string kv_events_topic;      // ZMQ topic prefix to subscribe to; empty: all

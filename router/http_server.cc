@@ -41,6 +41,7 @@ namespace {
 constexpr std::size_t kHeaderLimit = 64 * 1024;
 constexpr std::size_t kRelayChunk = 16 * 1024;
 constexpr std::size_t kClientReadChunk = 16 * 1024;
+constexpr std::size_t kResponseIdHead = 64 * 1024;  // bytes of a Responses API body searched for its id
 constexpr std::size_t kUsageTail = 16 * 1024;  // bytes of the response end kept to read `usage` from
 // How long an exchange runs before the router watches its client for a disconnect. Each wait costs a system
 // call (the reactor re-arms the socket), a seventh of all a short relayed request makes; a client that leaves
@@ -309,9 +310,11 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       if (svc_.router.any_healthy()) return send_json(200, R"({"status":"ready"})");
       return send_error(make_error("no healthy worker", 503, "service_unavailable", "no_healthy_worker"));
     }
-    if (path == "/v1/chat/completions" || path == "/v1/completions") {
+    if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses") {
       if (method != http::verb::post) return method_not_allowed("POST");
-      return handle_routed(path == "/v1/chat/completions" ? Endpoint::kChatCompletions : Endpoint::kCompletions);
+      return handle_routed(path == "/v1/chat/completions" ? Endpoint::kChatCompletions
+                           : path == "/v1/completions"    ? Endpoint::kCompletions
+                                                          : Endpoint::kResponses);
     }
     if (path == "/v1/models") {
       if (method != http::verb::get) return method_not_allowed("GET");
@@ -323,6 +326,13 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       strip_usage_ = false;
       up_body_.clear();
       passthrough_model_ = top_level_model(req_.body());
+      // A stored response (GET, DELETE, cancel, input_items) lives on the worker that made it.
+      if (path.starts_with("/v1/responses/")) {
+        const std::string_view rest = path.substr(std::string_view("/v1/responses/").size());
+        if (const auto owner = svc_.router.response_owner(std::string(rest.substr(0, rest.find('/'))))) {
+          if (auto worker = svc_.registry.find(*owner); worker && worker->healthy()) return forward(std::move(worker));
+        }
+      }
       return forward_to_least_loaded();
     }
     send_error(make_error("no route for " + std::string(req_.method_string()) + " " + std::string(path), 404,
@@ -548,7 +558,13 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     append_field(down_head_, "Server", "kvroute");
     if (!request_id_.empty()) append_field(down_head_, "x-request-id", request_id_);
     if (svc_.config.worker_header) append_field(down_head_, "x-kvroute-worker", worker_->name());
-    strip_active_ = strip_usage_ && up[http::field::content_type].find("text/event-stream") != std::string_view::npos;
+    const bool event_stream = up[http::field::content_type].find("text/event-stream") != std::string_view::npos;
+    strip_active_ = strip_usage_ && event_stream;
+    // A new stored response: its id is read from the body's first bytes, to send its continuations here.
+    id_head_.clear();
+    capture_id_ = routable_ && routable_->endpoint == Endpoint::kResponses && status_ == 200;
+    id_in_events_ = event_stream;
+    await_output_ = capture_id_ && event_stream;
     sse_.clear();
     down_chunked_ = false;
     if (strip_active_) {
@@ -657,8 +673,15 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     const char* data = relay_.data();
     std::size_t size = got;
     if (got > 0) {
-      if (decision_) svc_.router.first_byte(*decision_);
-      keep_tail(std::string_view(relay_.data(), got));
+      const std::string_view piece(relay_.data(), got);
+      // A Responses API stream opens with events sent before the prompt is computed: its first token is the
+      // first event after them.
+      if (decision_ && (!await_output_ || responses_output_began(piece))) {
+        await_output_ = false;
+        svc_.router.first_byte(*decision_);
+      }
+      keep_tail(piece);
+      if (capture_id_) capture_response_id(piece);
     }
     if (strip_active_) {
       sse_.append(relay_.data(), got);
@@ -706,6 +729,18 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     finish(status_ >= 200 && status_ < 300, up_parser_->keep_alive());
     if (close_after_ || drain_->draining) return do_close();
     do_read();
+  }
+
+  void capture_response_id(std::string_view piece) {
+    id_head_.append(piece);
+    if (auto id = response_id(id_head_, id_in_events_)) {
+      svc_.router.remember_response(std::move(*id), worker_->id());
+      capture_id_ = false;
+    } else if (id_head_.size() > kResponseIdHead) {
+      LOG_WARN("request " << request_id_ << ": no response id in the first " << kResponseIdHead << " bytes from worker "
+                          << worker_->name() << "; a continuation of this response may not reach it");
+      capture_id_ = false;
+    }
   }
 
   void keep_tail(std::string_view piece) {
@@ -1139,6 +1174,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   std::array<char, 24> chunk_line_{};
   std::array<char, kRelayChunk> relay_{};
   std::string tail_;
+  bool capture_id_ = false;    // a Responses API response whose id has not been read yet
+  bool id_in_events_ = false;  // ... streamed: the id is in the first event
+  bool await_output_ = false;  // a Responses API stream before its first output event (no first byte yet)
+  std::string id_head_;        // the response's first bytes, until its id is read
   bool strip_usage_ = false;   // this request's usage event was added by the router
   bool strip_active_ = false;  // ... and the response is an event stream to remove it from
   std::string up_body_;        // rewritten upstream body, when not empty

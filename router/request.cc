@@ -62,6 +62,81 @@ Result<bool> read_token_ids(const json::array& arr, std::vector<std::uint32_t>& 
   return true;
 }
 
+// A Responses API content part as a chat part: input_text and output_text are text; others stay as they are.
+json::value chat_part(const json::value& part) {
+  const auto* obj = part.if_object();
+  if (!obj) return part;
+  const auto* type = obj->if_contains("type");
+  const auto* text = obj->if_contains("text");
+  if (type && type->is_string() && (type->get_string() == "input_text" || type->get_string() == "output_text") &&
+      text && text->is_string()) {
+    return json::object{{"type", "text"}, {"text", *text}};
+  }
+  return part;
+}
+
+// The chat messages a Responses API request stands for: `instructions` as a system message, then `input` (a
+// string: one user message; an array: its message items by role, any other item, such as a function call or
+// its output, as a message of its type whose content is the item's canonical JSON).
+Result<json::array> responses_messages(const json::object& obj) {
+  json::array messages;
+  if (const auto* instructions = obj.if_contains("instructions"); instructions && !instructions->is_null()) {
+    if (!instructions->is_string()) return field_error("instructions", "must be a string");
+    messages.push_back(json::object{{"role", "system"}, {"content", *instructions}});
+  }
+  const auto* input = obj.if_contains("input");
+  if (!input || input->is_null()) return field_error("input", "is required", "missing_field");
+  if (input->is_string()) {
+    messages.push_back(json::object{{"role", "user"}, {"content", *input}});
+    return messages;
+  }
+  if (!input->is_array()) return field_error("input", "must be a string or an array of items");
+  if (input->get_array().empty()) return field_error("input", "must not be empty", "invalid_value");
+  for (const auto& item : input->get_array()) {
+    const auto* o = item.if_object();
+    if (!o) return field_error("input", "items must be objects");
+    const auto* role = o->if_contains("role");
+    if (role && role->is_string()) {
+      json::object m{{"role", *role}};
+      if (const auto* content = o->if_contains("content"); content && content->is_array()) {
+        json::array parts;
+        for (const auto& p : content->get_array()) parts.push_back(chat_part(p));
+        m["content"] = std::move(parts);
+      } else if (content) {
+        m["content"] = *content;
+      }
+      messages.push_back(std::move(m));
+      continue;
+    }
+    const auto* type = o->if_contains("type");
+    std::string text;
+    hashing::canonical_json(item, text);
+    messages.push_back(json::object{{"role", type && type->is_string() ? type->get_string() : "item"}, {"content", text}});
+  }
+  return messages;
+}
+
+// Responses API function tools ({"type":"function","name",...}) in the chat shape ({"type":"function",
+// "function":{...}}) that /tokenize renders; built-in tools (web search, ...) have no chat counterpart.
+json::array chat_tools(const json::array& tools) {
+  json::array out;
+  for (const auto& t : tools) {
+    const auto* o = t.if_object();
+    const auto* type = o ? o->if_contains("type") : nullptr;
+    if (!type || !type->is_string() || type->get_string() != "function") continue;
+    if (o->contains("function")) {
+      out.push_back(t);
+      continue;
+    }
+    json::object fn;
+    for (const auto& kv : *o) {
+      if (kv.key() != "type" && kv.key() != "strict") fn[kv.key()] = kv.value();
+    }
+    out.push_back(json::object{{"type", "function"}, {"function", std::move(fn)}});
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string error_json(const Error& e) {
@@ -104,7 +179,7 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
       r.include_usage = iu->get_bool();
     }
   }
-  for (const char* f : {"max_tokens", "max_completion_tokens"}) {
+  for (const char* f : {"max_tokens", "max_completion_tokens", "max_output_tokens"}) {
     if (const auto* mt = obj->if_contains(f); mt && !mt->is_null()) {
       if (mt->is_int64() && mt->get_int64() >= 0 && mt->get_int64() <= 0xffffffffll) {
         r.max_tokens = static_cast<std::uint32_t>(mt->get_int64());
@@ -127,12 +202,28 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
   }
   const std::uint64_t root = hashing::namespace_root(r.model, r.namespace_salt);
 
-  if (endpoint == Endpoint::kChatCompletions) {
-    const auto* messages = obj->if_contains("messages");
+  if (endpoint == Endpoint::kChatCompletions || endpoint == Endpoint::kResponses) {
+    const json::value* messages = obj->if_contains("messages");
+    const json::value* tools = obj->if_contains("tools");
+    json::value converted, converted_tools;
+    if (endpoint == Endpoint::kResponses) {
+      if (const auto* prev = obj->if_contains("previous_response_id"); prev && !prev->is_null()) {
+        if (!prev->is_string()) return field_error("previous_response_id", "must be a string");
+        r.previous_response_id = prev->get_string();
+      }
+      auto items = responses_messages(*obj);
+      if (!items) return items.error();
+      converted = std::move(*items);
+      messages = &converted;
+      if (tools && tools->is_array()) {
+        converted_tools = chat_tools(tools->get_array());
+        tools = &converted_tools;
+      }
+    }
     if (!messages) return field_error("messages", "is required", "missing_field");
     if (!messages->is_array()) return field_error("messages", "must be an array");
     if (messages->get_array().empty()) return field_error("messages", "must not be empty", "invalid_value");
-    auto text = hashing::canonical_chat(*messages, obj->if_contains("tools"));
+    auto text = hashing::canonical_chat(*messages, tools);
     if (!text) return text.error();
     r.chain = hashing::hash_text(root, *text, options.block_bytes);
     r.affinity_key = r.model + '\0' + first_user_text(messages->get_array()).substr(0, kAffinityChars);
@@ -140,7 +231,7 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
       json::object t;
       t["model"] = r.model;
       t["messages"] = *messages;
-      if (const auto* tools = obj->if_contains("tools"); tools && !tools->is_null()) t["tools"] = *tools;
+      if (tools && !tools->is_null()) t["tools"] = *tools;
       t["add_generation_prompt"] = true;
       r.tokenize_body = json::serialize(t);
     }
@@ -177,7 +268,8 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
   }
   r.prompt_tokens = r.chain.estimated_tokens();
   if (!r.tokenize_body.empty()) r.tokenize_key = XXH3_64bits(r.tokenize_body.data(), r.tokenize_body.size());
-  if (r.stream && !r.include_usage) {
+  // The Responses API always ends a stream with its usage (in response.completed).
+  if (r.stream && !r.include_usage && endpoint != Endpoint::kResponses) {
     // Usage feeds the router's truth metrics and learning; the client still gets the stream it asked for.
     r.strip_usage = true;
     if (!obj->contains("stream_options")) {
@@ -293,7 +385,73 @@ std::optional<std::string> decode_literal(std::string_view raw) {
   return std::string(v.as_string());
 }
 
+// A key of the object being skimmed is `name` (written plainly or with escapes).
+bool key_is(std::string_view raw, std::string_view name) {
+  return raw == name || (raw.find('\\') != std::string_view::npos && decode_literal(raw) == name);
+}
+
+// From the '{' of an object, steps to the value of its first member named `key`; false when the object has
+// none, is malformed, or ends before it.
+bool find_member(Skimmer& s, std::string_view key) {
+  if (!s.take('{')) return false;
+  if (s.take('}')) return false;
+  do {
+    s.skip_space();
+    const auto k = s.string_literal();
+    if (!k || !s.take(':')) return false;
+    if (key_is(*k, key)) {
+      s.skip_space();
+      return true;
+    }
+    if (!s.skip_value()) return false;
+  } while (s.take(','));
+  return false;
+}
+
+std::optional<std::string> string_value(Skimmer& s) {
+  const auto raw = s.string_literal();
+  if (!raw) return std::nullopt;
+  return decode_literal(*raw);
+}
+
 }  // namespace
+
+std::optional<std::string> response_id(std::string_view head, bool event_stream) {
+  if (!event_stream) {
+    Skimmer s(head);
+    if (!find_member(s, "id")) return std::nullopt;
+    return string_value(s);
+  }
+  // The first event's data line, once it is complete: response.created, {"type":..,"response":{"id":..}}.
+  std::size_t at = 0;
+  for (;;) {
+    const std::size_t data = head.find("data:", at);
+    if (data == std::string_view::npos) return std::nullopt;
+    if (data == 0 || head[data - 1] == '\n') {
+      const std::size_t end = head.find('\n', data);
+      if (end == std::string_view::npos) return std::nullopt;
+      Skimmer s(head.substr(data + 5, end - data - 5));
+      if (!find_member(s, "response") || !find_member(s, "id")) return std::nullopt;
+      return string_value(s);
+    }
+    at = data + 5;
+  }
+}
+
+bool responses_output_began(std::string_view events) {
+  for (std::size_t at = 0; at < events.size();) {
+    const std::size_t end = events.find('\n', at);
+    if (end == std::string_view::npos) return false;  // a line cut by the end of this piece: not read
+    std::string_view line = events.substr(at, end - at);
+    at = end + 1;
+    if (!line.starts_with("event:")) continue;
+    line.remove_prefix(6);
+    while (!line.empty() && line.front() == ' ') line.remove_prefix(1);
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
+    if (line != "response.created" && line != "response.in_progress" && line != "response.queued") return true;
+  }
+  return false;
+}
 
 std::string top_level_model(std::string_view body) {
   Skimmer s(body);
@@ -304,7 +462,7 @@ std::string top_level_model(std::string_view body) {
     s.skip_space();
     const auto key = s.string_literal();
     if (!key || !s.take(':')) return {};
-    const bool is_model = *key == "model" || (key->find('\\') != std::string_view::npos && decode_literal(*key) == "model");
+    const bool is_model = key_is(*key, "model");
     if (!is_model) {
       if (!s.skip_value()) return {};
       continue;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,7 +17,10 @@
 
 namespace kvroute::router {
 
-enum class Endpoint { kChatCompletions, kCompletions };
+// kResponses: the Responses API (POST /v1/responses). Its `instructions` and `input` are routed as the chat
+// messages they stand for (instructions a system message, a string input one user message, input items
+// messages of their roles); `previous_response_id` names a response stored on the worker that made it.
+enum class Endpoint { kChatCompletions, kCompletions, kResponses };
 
 struct RequestHeaders {
   std::string_view session;  // value of the configured session header, if any
@@ -36,6 +40,7 @@ struct RoutableRequest {
   bool include_usage = false;      // stream_options.include_usage as the client sent it
   std::uint32_t max_tokens = 0;    // 0: not given
   std::string session_key;         // header, else the OpenAI `user` field; empty: no session
+  std::string previous_response_id;  // Responses API: the stored response this request continues
   std::string namespace_salt;      // tenant header and/or cache_salt
   std::string affinity_key;        // model + first 100 characters of the first user message (or prompt)
   hashing::BlockChain chain;
@@ -63,6 +68,16 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
 // string: a passed-through request that names no model goes to any worker, whose answer then says what is
 // wrong. Values below the top level are not validated.
 std::string top_level_model(std::string_view body);
+
+// The id of a Responses API response, read from the first bytes of its body: the top-level "id" of a JSON
+// body, or the "id" of the "response" object in the first server-sent event (response.created). nullopt when
+// those bytes have not all arrived yet, or hold no id.
+std::optional<std::string> response_id(std::string_view head, bool event_stream);
+
+// Whether a Responses API event stream has begun its output: an event other than response.created,
+// response.in_progress or response.queued, which a server sends before the prompt is computed. The first
+// such event is the stream's first token, for the TTFT the router measures and learns from.
+bool responses_output_began(std::string_view events);
 
 // {"error":{"message":...,"type":...,"code":...}} as OpenAI sends it.
 std::string error_json(const Error& e);

@@ -46,8 +46,12 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
         index_.clear_worker(w.id());
         learner_.forget(w.id());
         metrics_.remove_worker(w.id());
-        std::lock_guard lock(sessions_mu_);
-        std::erase_if(sessions_, [&](const auto& kv) { return kv.second.worker == w.id(); });
+        {
+          std::lock_guard lock(sessions_mu_);
+          std::erase_if(sessions_, [&](const auto& kv) { return kv.second.worker == w.id(); });
+        }
+        std::lock_guard lock(responses_mu_);
+        std::erase_if(response_owners_, [&](const auto& kv) { return kv.second == w.id(); });
       },
   });
 }
@@ -60,6 +64,20 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   thread_local std::vector<std::uint64_t> reused, capacity;
   backends::WorkerRegistry::fill_views(*workers, views);
   if (!request.model.empty()) keep_serving(*workers, request.model, views);
+  // A continued response goes to the worker that stores the one it continues, the only one that can serve it.
+  // When that worker is gone or unhealthy the request is routed as any other, and the worker's answer (no
+  // such response) reaches the client.
+  std::optional<std::size_t> owner_at;
+  if (!request.previous_response_id.empty()) {
+    if (const auto owner = response_owner(request.previous_response_id)) {
+      for (std::size_t i = 0; i < views.size(); ++i) {
+        if (views[i].id == *owner && views[i].healthy) owner_at = i;
+      }
+      for (std::size_t i = 0; owner_at && i < views.size(); ++i) {
+        if (i != *owner_at) views[i].healthy = false;
+      }
+    }
+  }
   hashing::WorkerId max_id = 0;
   for (const auto& v : views) max_id = std::max(max_id, v.id);
   reused.assign(static_cast<std::size_t>(max_id) + 1, 0);
@@ -101,6 +119,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   Decision d;
   d.worker = (*workers)[pick->worker];
   d.pick = *pick;
+  if (owner_at) d.pick.reason = policy::Reason::kPreviousResponse;
   if (!ctx.match) {
     // Prefix-blind policies still report what the index predicts, so hit-rate truth is comparable.
     match_prefix(request, match);
@@ -150,6 +169,23 @@ void Router::match_prefix(const RoutableRequest& request, hashing::PrefixIndex::
   for (auto& b : out.blocks) b = std::min(b, cap);
   for (auto& b : out.cpu_blocks) b = std::min(b, cap);
   out.longest = std::min(out.longest, cap);
+}
+
+void Router::remember_response(std::string id, hashing::WorkerId worker) {
+  std::lock_guard lock(responses_mu_);
+  const auto [it, added] = response_owners_.insert_or_assign(id, worker);
+  if (added) response_order_.push_back(std::move(id));
+  while (response_order_.size() > std::max<std::size_t>(config_.response_ids, 1)) {
+    response_owners_.erase(response_order_.front());
+    response_order_.pop_front();
+  }
+}
+
+std::optional<hashing::WorkerId> Router::response_owner(const std::string& id) const {
+  std::lock_guard lock(responses_mu_);
+  const auto it = response_owners_.find(id);
+  if (it == response_owners_.end()) return std::nullopt;
+  return it->second;
 }
 
 std::shared_ptr<backends::Worker> Router::any_healthy(std::string_view model) const {

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -74,6 +75,11 @@ class Router {
   policy::WorkerRates learned_rates(hashing::WorkerId id) const { return learner_.rates(id); }
   const policy::RoutingPolicy& policy() const { return *policy_; }
   std::size_t session_count() const;
+  // Responses API: the worker that made (and stores) response `id`. A request that names it as its
+  // previous_response_id goes to that worker while it is healthy: no other worker can continue it. The
+  // newest --response-ids ids are kept.
+  void remember_response(std::string id, hashing::WorkerId worker);
+  std::optional<hashing::WorkerId> response_owner(const std::string& id) const;
   // The worker a session is bound to, if any (admin and tests).
   std::optional<hashing::WorkerId> session_worker(const std::string& key) const;
 
@@ -97,6 +103,10 @@ class Router {
   mutable std::mutex sessions_mu_;
   std::unordered_map<std::string, Binding> sessions_;         // guarded by sessions_mu_
   std::chrono::steady_clock::time_point next_sweep_;          // guarded by sessions_mu_
+
+  mutable std::mutex responses_mu_;
+  std::unordered_map<std::string, hashing::WorkerId> response_owners_;  // guarded by responses_mu_
+  std::deque<std::string> response_order_;  // ids oldest first, for forgetting; guarded by responses_mu_
 };
 
 }  // namespace kvroute::router

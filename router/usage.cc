@@ -32,7 +32,7 @@ class Key {
 };
 
 // Reads a usage object: prompt_tokens and completion_tokens at its top level, cached_tokens of its
-// prompt_tokens_details. Every other event is accepted and ignored.
+// prompt_tokens_details (or the Responses API's input_tokens, output_tokens, input_tokens_details). Every other event is accepted and ignored.
 //   Usage mode: the document is the usage object itself.
 //   Chunk mode: the document is a stream chunk; its usage is the member "usage", and the handler also notes
 //   whether the chunk's "choices" is an empty array and its "usage" an object.
@@ -122,10 +122,12 @@ class UsageHandler {
     if (arrays_ > 0) return;
     if (base_ == 1 && !(depth_ >= 2 && keys_[1] == "usage")) return;
     const int d = depth_ - base_;
+    // The Responses API names the same counts input_tokens, output_tokens and input_tokens_details.
     if (d == 1) {
-      if (keys_[depth_] == "prompt_tokens") usage.prompt_tokens = v;
-      else if (keys_[depth_] == "completion_tokens") usage.completion_tokens = v;
-    } else if (d == 2 && keys_[depth_ - 1] == "prompt_tokens_details" && keys_[depth_] == "cached_tokens") {
+      if (keys_[depth_] == "prompt_tokens" || keys_[depth_] == "input_tokens") usage.prompt_tokens = v;
+      else if (keys_[depth_] == "completion_tokens" || keys_[depth_] == "output_tokens") usage.completion_tokens = v;
+    } else if (d == 2 && (keys_[depth_ - 1] == "prompt_tokens_details" || keys_[depth_ - 1] == "input_tokens_details") &&
+               keys_[depth_] == "cached_tokens") {
       usage.cached_tokens = v;
     }
   }

@@ -1,4 +1,5 @@
-// The official openai npm client, unchanged, against kvroute: chat and completions, streaming and not.
+// The official openai npm client, unchanged, against kvroute: chat, completions and responses, streaming and
+// not.
 // usage: node openai_router.mjs http://127.0.0.1:8080/v1
 import OpenAI from "openai";
 import assert from "node:assert/strict";
@@ -38,6 +39,39 @@ let pieces = 0;
 const cstream = await client.completions.create({ model, prompt: "Once upon a time", max_tokens: 5, stream: true });
 for await (const chunk of cstream) pieces += chunk.choices.length;
 assert.ok(pieces >= 5, "completion stream pieces");
+
+// Responses API: each continuation must reach the worker that stores the response it continues.
+let response = await client.responses.create({
+  model, instructions: system.content, input: "Plan a short trip.", max_output_tokens: 6,
+});
+assert.ok(response.id.startsWith("resp_"), "response id");
+assert.ok(response.output_text.length > 0, "response text");
+for (let turn = 0; turn < 4; turn++) {
+  response = await client.responses.create({
+    model, input: `And then, step ${turn}?`, previous_response_id: response.id, max_output_tokens: 4,
+  });
+  assert.ok(response.usage.input_tokens_details.cached_tokens > 0, "continuation cached on its worker");
+}
+let streamed = "";
+let completed = null;
+const rstream = await client.responses.create({
+  model, input: "One more step.", previous_response_id: response.id, max_output_tokens: 5, stream: true,
+});
+for await (const event of rstream) {
+  if (event.type === "response.output_text.delta") streamed += event.delta;
+  if (event.type === "response.completed") completed = event.response;
+}
+assert.ok(streamed.length > 0, "streamed response text");
+assert.equal(completed.usage.output_tokens, 5);
+const stored = await client.responses.retrieve(completed.id);
+assert.equal(stored.id, completed.id, "stored response read back");
+// The SDK's accumulating stream helper needs vLLM's whole event sequence (items and parts opened and done).
+const helper = client.responses.stream({
+  model, input: "Last step.", previous_response_id: completed.id, max_output_tokens: 3,
+});
+const final = await helper.finalResponse();
+assert.equal(final.usage.output_tokens, 3);
+assert.ok(final.output[0].content[0].text.length > 0, "accumulated response text");
 
 const models = await client.models.list();
 assert.ok(models.data.some((m) => m.id === model), "models list");

@@ -1016,6 +1016,65 @@ TEST(RouterE2E, RequestsGoToWorkersOfTheirModel) {
   EXPECT_EQ(unknown.status, 404) << unknown.body;
 }
 
+// Responses API: a response is stored on the worker that made it, so its continuations (previous_response_id)
+// and reads (GET /v1/responses/ID) must reach that worker; any other answers 404.
+TEST(RouterE2E, ResponsesContinueOnTheWorkerThatStoresThem) {
+  Fleet fleet(3);
+  auto create = [&](const std::string& input, const std::string& previous, bool stream) {
+    json::object body{{"model", "qwen3-8b"}, {"input", input}, {"max_output_tokens", 4}};
+    if (!previous.empty()) body["previous_response_id"] = previous;
+    if (stream) body["stream"] = true;
+    return http(fleet.api(), "POST", "/v1/responses", json::serialize(body));
+  };
+  auto first = create("Plan a trip to the mountains. " + std::string(600, 'm'), "", false);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string owner = first.header("x-kvroute-worker");
+  std::string id(json::parse(first.body).at("id").as_string());
+  const int owner_port = std::stoi(owner.substr(owner.rfind(':') + 1));
+
+  // Another worker cannot continue it: that is what the router must avoid.
+  const int other_port = owner_port == fleet.worker_port(0) ? fleet.worker_port(1) : fleet.worker_port(0);
+  json::object direct{{"model", "qwen3-8b"}, {"input", "next"}, {"previous_response_id", id}};
+  EXPECT_EQ(http(other_port, "POST", "/v1/responses", json::serialize(direct)).status, 404);
+
+  std::uint64_t previous_input = json::parse(first.body).at("usage").at("input_tokens").to_number<std::uint64_t>();
+  for (int turn = 1; turn <= 6; ++turn) {
+    const bool stream = turn % 2 == 0;
+    auto r = create("Turn " + std::to_string(turn) + ": and then?", id, stream);
+    ASSERT_EQ(r.status, 200) << "turn " << turn << ": " << r.body;
+    EXPECT_EQ(r.header("x-kvroute-worker"), owner) << "turn " << turn;
+    // The continuation's prompt is the stored conversation plus the new input, cached on the owner.
+    std::string completed = r.body;
+    if (stream) {
+      EXPECT_EQ(r.body.find("event: response.created"), 0u) << r.body;
+      completed = r.body.substr(r.body.rfind("data: ") + 6);
+      completed = json::serialize(json::parse(completed).at("response"));
+    }
+    const json::value v = json::parse(completed);
+    const auto input = v.at("usage").at("input_tokens").to_number<std::uint64_t>();
+    const auto cached = v.at("usage").at("input_tokens_details").at("cached_tokens").to_number<std::uint64_t>();
+    EXPECT_GT(input, previous_input) << "turn " << turn;
+    EXPECT_GT(cached, 0u) << "turn " << turn;
+    previous_input = input;
+    id = std::string(v.at("id").as_string());
+  }
+  EXPECT_GE(counter_reaching(fleet.admin(), "kvroute_routing_decisions_total{reason=\"previous_response\"}", 6), 6);
+  // The router counted their usage like any other request's.
+  EXPECT_GT(counter_reaching(fleet.admin(), "kvroute_reported_cached_tokens_total{worker=\"" + owner + "\"}", 1), 0);
+
+  // Stored responses are read from their worker; an id nobody made gets a worker's 404.
+  for (int i = 0; i < 4; ++i) {
+    auto got = http(fleet.api(), "GET", "/v1/responses/" + id);
+    EXPECT_EQ(got.status, 200) << got.body;
+    EXPECT_EQ(got.header("x-kvroute-worker"), owner);
+    EXPECT_NE(got.body.find(id), std::string::npos);
+  }
+  EXPECT_EQ(http(fleet.api(), "GET", "/v1/responses/resp_unknown").status, 404);
+  auto orphan = create("hello", "resp_unknown", false);
+  EXPECT_EQ(orphan.status, 404) << orphan.body;
+  EXPECT_NE(orphan.body.find("resp_unknown"), std::string::npos) << orphan.body;
+}
+
 // Workers found by DNS (`discover` in the config file, as the Helm chart writes it): the name's address is
 // added as a worker and serves, next to a worker given by URL.
 TEST(RouterE2E, DiscoveredWorkersServe) {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvroute::router {
@@ -230,6 +231,88 @@ TEST(TopLevelModel, AgreesWithAFullParse) {
     EXPECT_EQ(top_level_model(body), expected) << body;
   }
   EXPECT_GT(with_model, 1000);
+}
+
+Result<RoutableRequest> responses(const std::string& body) {
+  return parse_request(Endpoint::kResponses, body, {}, {.tokenize = true});
+}
+
+TEST(Responses, RoutedAsTheChatMessagesTheyStandFor) {
+  const std::string sys(300, 's');
+  auto r = responses(R"({"model":"m","instructions":")" + sys + R"(","input":"hello there","max_output_tokens":9})");
+  ASSERT_TRUE(r) << r.error().message;
+  auto c = chat(R"({"model":"m","messages":[{"role":"system","content":")" + sys +
+                R"("},{"role":"user","content":"hello there"}]})");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(r->chain.hashes, c->chain.hashes);
+  EXPECT_EQ(r->max_tokens, 9u);
+  EXPECT_EQ(r->affinity_key, c->affinity_key);
+  EXPECT_TRUE(r->previous_response_id.empty());
+  // The /tokenize call renders the same messages as the chat request would.
+  EXPECT_NE(r->tokenize_body.find(R"("messages":[{"role":"system")"), std::string::npos) << r->tokenize_body;
+
+  // Items: input_text parts are text parts, so an item list routes like the equivalent chat.
+  auto items = responses(R"({"model":"m","input":[{"type":"message","role":"user",)"
+                         R"("content":[{"type":"input_text","text":"hello there"}]}]})");
+  auto plain = responses(R"({"model":"m","input":"hello there"})");
+  ASSERT_TRUE(items) << items.error().message;
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(items->chain.hashes, plain->chain.hashes);
+}
+
+TEST(Responses, ContinuationsAndStreams) {
+  auto r = responses(R"({"model":"m","input":[{"role":"user","content":"a"},)"
+                     R"({"type":"function_call_output","call_id":"c1","output":"42"}],)"
+                     R"("previous_response_id":"resp_abc","stream":true,)"
+                     R"("tools":[{"type":"function","name":"f","parameters":{"type":"object"}},{"type":"web_search"}]})");
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->previous_response_id, "resp_abc");
+  EXPECT_TRUE(r->stream);
+  EXPECT_FALSE(r->strip_usage);  // the stream ends with its usage anyway
+  EXPECT_TRUE(r->upstream_body.empty());
+  // Function tools reach /tokenize in the chat shape; built-in tools have none.
+  EXPECT_NE(r->tokenize_body.find(R"("tools":[{"type":"function","function":{"name":"f")"), std::string::npos)
+      << r->tokenize_body;
+  EXPECT_EQ(r->tokenize_body.find("web_search"), std::string::npos);
+}
+
+TEST(Responses, BadInputNamesTheField) {
+  for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"model":"m"})", "'input' is required"},
+           {R"({"model":"m","input":7})", "'input' must be"},
+           {R"({"model":"m","input":[]})", "'input' must not be empty"},
+           {R"({"model":"m","input":["x"]})", "'input' items must be objects"},
+           {R"({"model":"m","input":"x","instructions":3})", "'instructions' must be a string"},
+           {R"({"model":"m","input":"x","previous_response_id":1})", "'previous_response_id' must be a string"},
+           {R"({"model":"m","input":"x","max_output_tokens":-1})", "'max_output_tokens'"},
+       }) {
+    auto r = responses(body);
+    ASSERT_FALSE(r) << body;
+    EXPECT_EQ(r.error().status, 400);
+    EXPECT_NE(r.error().message.find(field), std::string::npos) << r.error().message;
+  }
+}
+
+TEST(ResponseId, FromAJsonBodyOrTheFirstEvent) {
+  EXPECT_EQ(response_id(R"({"id":"resp_0a1b","object":"response","output":[)", false), "resp_0a1b");
+  EXPECT_EQ(response_id(R"({"object":"response","status":"completed","id":"resp_2"})", false), "resp_2");
+  EXPECT_EQ(response_id(R"({"object":"resp)", false), std::nullopt);  // not all there yet
+  EXPECT_EQ(response_id(R"({"output":[{"id":"msg_1"}]})", false), std::nullopt);
+  const std::string created =
+      "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,"
+      "\"response\":{\"id\":\"resp_9f\",\"object\":\"response\",\"status\":\"in_progress\"}}\n\n";
+  EXPECT_EQ(response_id(created, true), "resp_9f");
+  EXPECT_EQ(response_id(created.substr(0, created.size() - 4), true), std::nullopt);  // the line is cut
+  EXPECT_EQ(response_id("data: {\"type\":\"response.created\",\"response\":{\"status\":\"queued\",\"id\":\"r\\u0031\"}}\n",
+                        true),
+            "r1");
+}
+
+TEST(ResponseId, OutputBeginsAfterTheOpeningEvents) {
+  EXPECT_FALSE(responses_output_began("event: response.created\ndata: {}\n\nevent: response.in_progress\ndata: {}\n\n"));
+  EXPECT_FALSE(responses_output_began("event: response.output_text.del"));  // cut: read with the next piece
+  EXPECT_TRUE(responses_output_began("event: response.created\ndata: {}\n\nevent: response.output_text.delta\r\n"));
+  EXPECT_TRUE(responses_output_began("event: response.completed\n"));
 }
 
 }  // namespace

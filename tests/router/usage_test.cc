@@ -89,5 +89,16 @@ TEST(Usage, UsageOnlyChunk) {
   EXPECT_EQ(u->completion_tokens, 4u);
 }
 
+TEST(Usage, ResponsesApiNames) {
+  // A non-streaming Responses API body, and the response.completed event that ends its stream.
+  expect_usage(R"({"id":"resp_1","output":[],"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":96},)"
+               R"("output_tokens":7,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":127}})",
+               120, 7, 96);
+  expect_usage("event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":9,\"response\":"
+               "{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":50,\"input_tokens_details\":{\"cached_tokens\":32},"
+               "\"output_tokens\":4,\"total_tokens\":54}}}\n\n",
+               50, 4, 32);
+}
+
 }  // namespace
 }  // namespace kvroute::router

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string_view>
 #include <thread>
 
 extern char** environ;
@@ -157,6 +158,27 @@ std::vector<std::string> sse_data(const std::string& body) {
     if (end == std::string::npos) end = body.size();
     std::string event = body.substr(pos, end - pos);
     if (event.rfind("data: ", 0) == 0) out.push_back(event.substr(6));
+    pos = end + 2;
+  }
+  return out;
+}
+
+std::vector<SseEvent> sse_events(const std::string& body) {
+  std::vector<SseEvent> out;
+  std::size_t pos = 0;
+  while (pos < body.size()) {
+    std::size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    SseEvent ev;
+    for (std::size_t line = pos; line < end;) {
+      std::size_t eol = body.find('\n', line);
+      if (eol == std::string::npos || eol > end) eol = end;
+      const std::string_view l(body.data() + line, eol - line);
+      if (l.starts_with("event: ")) ev.event = std::string(l.substr(7));
+      else if (l.starts_with("data: ")) ev.data = std::string(l.substr(6));
+      line = eol + 1;
+    }
+    out.push_back(std::move(ev));
     pos = end + 2;
   }
   return out;

@@ -50,6 +50,14 @@ HttpReply http_call(std::uint16_t port, const std::string& method, const std::st
 // Splits an SSE body into the payloads of its "data: " lines.
 std::vector<std::string> sse_data(const std::string& body);
 
+// Splits an SSE body into its events: the "event: " name ("" when the event has none) and the "data: "
+// payload. (The Responses API names its events; chat and completions do not.)
+struct SseEvent {
+  std::string event;
+  std::string data;
+};
+std::vector<SseEvent> sse_events(const std::string& body);
+
 // A decoded msgpack value (tests only).
 struct Msg {
   using Array = std::vector<Msg>;

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <string_view>
 #include <thread>
 
 #include "tests/sim_server/sim_process.h"
@@ -331,19 +332,249 @@ double metric(const std::string& text, const std::string& prefix) {
   return std::atof(line.substr(line.rfind(' ') + 1).c_str());
 }
 
+// ---- Responses API ----
+
+bool is_hex_id(std::string_view id, std::string_view prefix) {
+  return id.size() == prefix.size() + 32 && id.starts_with(prefix) &&
+         id.find_first_not_of("0123456789abcdef", prefix.size()) == std::string_view::npos;
+}
+
+std::int64_t input_tokens(const json::value& response) { return response.at("usage").at("input_tokens").as_int64(); }
+std::int64_t cached_input_tokens(const json::value& response) {
+  return response.at("usage").at("input_tokens_details").at("cached_tokens").as_int64();
+}
+std::string output_text(const json::value& response) {
+  return std::string(response.at("output").at(0).at("content").at(0).at("text").as_string());
+}
+
+HttpReply create_response(std::uint16_t port, const json::object& body) {
+  return http_call(port, "POST", "/v1/responses", json::serialize(body));
+}
+
+// The prompt tokens the chat template gives `messages` (the worker's /tokenize).
+std::int64_t chat_token_count(std::uint16_t port, const json::array& messages) {
+  HttpReply r = http_call(port, "POST", "/tokenize", json::serialize(json::object{{"messages", messages}}));
+  EXPECT_EQ(r.status, 200) << r.body;
+  return parse(r.body).at("count").as_int64();
+}
+
+void expect_response_not_found(const HttpReply& r, const std::string& id) {
+  EXPECT_EQ(r.status, 404) << r.body;
+  json::value v = parse(r.body);
+  EXPECT_EQ(v.at("error").at("message").as_string(), "Response with id '" + id + "' not found.");
+  EXPECT_EQ(v.at("error").at("type").as_string(), "invalid_request_error");
+  EXPECT_EQ(v.at("error").at("code").as_int64(), 404);
+}
+
+TEST_F(SimServerTest, ResponsesCreateNonStreaming) {
+  HttpReply r = create_response(port(), {{"model", "sim-model"}, {"instructions", "Be brief."},
+                                         {"input", "What is a prefix cache?"}, {"max_output_tokens", 5},
+                                         {"temperature", 0.5}});  // unknown fields are ignored
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.content_type.find("application/json"), std::string::npos);
+  EXPECT_EQ(r.body.rfind(R"({"id":"resp_)", 0), 0u) << "\"id\" must be the first key: " << r.body;
+  json::value v = parse(r.body);
+  EXPECT_TRUE(is_hex_id(v.at("id").as_string(), "resp_")) << v.at("id");
+  EXPECT_EQ(v.at("object").as_string(), "response");
+  EXPECT_GT(v.at("created_at").as_int64(), 1700000000);
+  EXPECT_EQ(v.at("model").as_string(), "sim-model");
+  EXPECT_EQ(v.at("status").as_string(), "completed");
+  ASSERT_EQ(v.at("output").as_array().size(), 1u);
+  const auto& item = v.at("output").at(0);
+  EXPECT_EQ(item.at("type").as_string(), "message");
+  EXPECT_TRUE(is_hex_id(item.at("id").as_string(), "msg_")) << item.at("id");
+  EXPECT_EQ(item.at("role").as_string(), "assistant");
+  EXPECT_EQ(item.at("status").as_string(), "completed");
+  EXPECT_EQ(item.at("content").at(0).at("type").as_string(), "output_text");
+  EXPECT_FALSE(output_text(v).empty());
+  EXPECT_TRUE(item.at("content").at(0).at("annotations").as_array().empty());
+  // The prompt is the chat template's rendering of instructions (system) + input (user).
+  const std::int64_t p = chat_token_count(port(), json::array{json::object{{"role", "system"}, {"content", "Be brief."}},
+                                                              json::object{{"role", "user"}, {"content", "What is a prefix cache?"}}});
+  EXPECT_EQ(input_tokens(v), p);
+  EXPECT_EQ(v.at("usage").at("output_tokens").as_int64(), 5);
+  EXPECT_EQ(v.at("usage").at("total_tokens").as_int64(), p + 5);
+  EXPECT_EQ(v.at("usage").at("output_tokens_details").at("reasoning_tokens").as_int64(), 0);
+  EXPECT_GE(cached_input_tokens(v), 0);
+  // A second response gets another id.
+  HttpReply again = create_response(port(), {{"input", "What is a prefix cache?"}, {"max_output_tokens", 1}});
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_NE(parse(again.body).at("id"), v.at("id"));
+}
+
+TEST_F(SimServerTest, ResponsesFollowUpContinuesTheStoredConversation) {
+  const std::string first_input = long_prompt("responses-follow-up");
+  HttpReply r1 = create_response(port(), {{"input", first_input}, {"max_output_tokens", 20}});
+  ASSERT_EQ(r1.status, 200) << r1.body;
+  const json::value v1 = parse(r1.body);
+  const std::int64_t p1 = input_tokens(v1);
+  const std::int64_t n1 = v1.at("usage").at("output_tokens").as_int64();
+  EXPECT_GT(p1, 300);
+  EXPECT_EQ(cached_input_tokens(v1), 0);  // a fresh prefix
+
+  HttpReply r2 = create_response(port(), {{"input", json::array{json::object{{"role", "user"}, {"content", "And then?"}}}},
+                                          {"previous_response_id", v1.at("id")}, {"max_output_tokens", 3}});
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  const json::value v2 = parse(r2.body);
+  EXPECT_NE(v2.at("id"), v1.at("id"));
+  // The follow-up's prompt is the whole conversation through the chat template: turn 1 (its prompt and, as
+  // an assistant message, its output) and then the new input.
+  const std::int64_t p2 = input_tokens(v2);
+  EXPECT_GT(p2, p1 + n1);
+  EXPECT_EQ(p2, chat_token_count(port(), json::array{json::object{{"role", "user"}, {"content", first_input}},
+                                                     json::object{{"role", "assistant"}, {"content", output_text(v1)}},
+                                                     json::object{{"role", "user"}, {"content", "And then?"}}}));
+  // Turn 1's tokens are an exact prefix, so the prefix cache serves them: every full block of turn 1's
+  // prompt, and of its output too, which the engine caches as decoding fills it (all but the last generated
+  // token went through the model).
+  EXPECT_GE(cached_input_tokens(v2), p1 / 16 * 16);
+  EXPECT_GE(cached_input_tokens(v2), (p1 + n1 - 1) / 16 * 16);
+  EXPECT_LT(cached_input_tokens(v2), p2);
+
+  // A chain of three: the follow-up is stored too.
+  HttpReply r3 = create_response(port(), {{"input", "Go on."}, {"previous_response_id", v2.at("id")}, {"max_output_tokens", 2}});
+  ASSERT_EQ(r3.status, 200) << r3.body;
+  EXPECT_GT(input_tokens(parse(r3.body)), p2);
+  EXPECT_GE(cached_input_tokens(parse(r3.body)), p1 / 16 * 16);
+}
+
+TEST_F(SimServerTest, ResponsesUnknownPreviousIdIs404) {
+  const std::string id = "resp_00000000000000000000000000000000";
+  expect_response_not_found(create_response(port(), {{"input", "hi"}, {"previous_response_id", id}}), id);
+  expect_response_not_found(create_response(port(), {{"input", "hi"}, {"previous_response_id", "nope"}, {"stream", true}}),
+                            "nope");
+}
+
+TEST_F(SimServerTest, ResponsesGetReturnsTheStoredObject) {
+  HttpReply r = create_response(port(), {{"input", "Store me."}, {"max_output_tokens", 4}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string id(parse(r.body).at("id").as_string());
+  HttpReply got = http_call(port(), "GET", "/v1/responses/" + id);
+  ASSERT_EQ(got.status, 200) << got.body;
+  EXPECT_NE(got.content_type.find("application/json"), std::string::npos);
+  EXPECT_EQ(got.body, r.body);
+  EXPECT_EQ(http_call(port(), "GET", "/v1/responses/" + id + "?include=x").body, r.body);  // query ignored
+  expect_response_not_found(http_call(port(), "GET", "/v1/responses/resp_unknown"), "resp_unknown");
+  expect_openai_error(http_call(port(), "DELETE", "/v1/responses/" + id), 405);
+  expect_openai_error(http_call(port(), "POST", "/v1/responses/" + id, "{}"), 405);
+  expect_openai_error(http_call(port(), "GET", "/v1/responses"), 405);
+  expect_openai_error(http_call(port(), "GET", "/v1/responses/" + id + "/input_items"), 404);
+}
+
+TEST_F(SimServerTest, ResponsesStreaming) {
+  HttpReply r = create_response(port(), {{"input", long_prompt("responses-stream")}, {"max_output_tokens", 4}, {"stream", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.content_type.find("text/event-stream"), std::string::npos);
+  EXPECT_EQ(r.body.find("[DONE]"), std::string::npos) << r.body;
+  const auto events = sse_events(r.body);
+  // created, in_progress, item and part added, 4 deltas, text, part and item done, completed
+  const std::vector<std::string> types = {"response.created",           "response.in_progress",
+                                          "response.output_item.added", "response.content_part.added",
+                                          "response.output_text.delta", "response.output_text.delta",
+                                          "response.output_text.delta", "response.output_text.delta",
+                                          "response.output_text.done",  "response.content_part.done",
+                                          "response.output_item.done",  "response.completed"};
+  ASSERT_EQ(events.size(), types.size()) << r.body;
+  EXPECT_EQ(events.front().data.rfind(R"({"type":"response.created","sequence_number":0,"response":{"id":"resp_)", 0), 0u)
+      << events.front().data;
+  const json::value created = parse(events.front().data);
+  const json::value id = created.at("response").at("id");
+  EXPECT_EQ(created.at("response").at("status").as_string(), "in_progress");
+  EXPECT_TRUE(created.at("response").at("usage").is_null());
+  std::string text;
+  std::string item_id;
+  for (std::size_t k = 0; k < events.size(); ++k) {
+    EXPECT_EQ(events[k].event, types[k]);
+    const json::value e = parse(events[k].data);
+    EXPECT_EQ(e.at("type").as_string(), events[k].event);
+    EXPECT_EQ(e.at("sequence_number").as_int64(), static_cast<std::int64_t>(k));
+    if (events[k].event == "response.output_item.added") item_id = std::string(e.at("item").at("id").as_string());
+    if (events[k].event != "response.output_text.delta") continue;
+    text += std::string(e.at("delta").as_string());
+    EXPECT_EQ(e.at("item_id").as_string(), item_id);
+  }
+  EXPECT_EQ(parse(events[8].data).at("text").as_string(), text);
+  EXPECT_EQ(events.back().event, "response.completed");
+  const json::value done = parse(events.back().data).at("response");
+  EXPECT_EQ(done.at("id"), id);
+  EXPECT_EQ(done.at("status").as_string(), "completed");
+  EXPECT_EQ(done.at("output").at(0).at("id").as_string(), item_id);
+  EXPECT_EQ(output_text(done), text);
+  EXPECT_EQ(done.at("usage").at("output_tokens").as_int64(), 4);
+  EXPECT_GT(input_tokens(done), 300);
+  EXPECT_GE(cached_input_tokens(done), 0);
+  // Stored as the non-streaming object, and chainable.
+  HttpReply got = http_call(port(), "GET", "/v1/responses/" + std::string(id.as_string()));
+  ASSERT_EQ(got.status, 200);
+  EXPECT_EQ(parse(got.body), done);
+  HttpReply next = create_response(port(), {{"input", "More."}, {"previous_response_id", id}, {"stream", true}});
+  ASSERT_EQ(next.status, 200) << next.body;
+  const json::value next_done = parse(sse_events(next.body).back().data).at("response");
+  EXPECT_GE(cached_input_tokens(next_done), input_tokens(done) / 16 * 16);
+}
+
+TEST_F(SimServerTest, ResponsesStoreFalseIsNotKept) {
+  HttpReply r = create_response(port(), {{"input", "Forget me."}, {"store", false}, {"max_output_tokens", 2}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string id(parse(r.body).at("id").as_string());
+  EXPECT_TRUE(is_hex_id(id, "resp_"));
+  expect_response_not_found(http_call(port(), "GET", "/v1/responses/" + id), id);
+  expect_response_not_found(create_response(port(), {{"input", "hi"}, {"previous_response_id", id}}), id);
+  HttpReply s = create_response(port(), {{"input", "Forget me too."}, {"store", false}, {"stream", true}});
+  ASSERT_EQ(s.status, 200) << s.body;
+  const std::string sid(parse(sse_events(s.body).front().data).at("response").at("id").as_string());
+  expect_response_not_found(create_response(port(), {{"input", "hi"}, {"previous_response_id", sid}}), sid);
+}
+
+TEST_F(SimServerTest, ResponsesBadInput) {
+  expect_openai_error(http_call(port(), "POST", "/v1/responses", "{not json"), 400);
+  expect_openai_error(http_call(port(), "POST", "/v1/responses", R"({"model":"sim-model"})"), 400);
+  expect_openai_error(http_call(port(), "POST", "/v1/responses", R"({"input":[]})"), 400);
+  expect_openai_error(http_call(port(), "POST", "/v1/responses", R"({"input":[{"role":"robot","content":"x"}]})"), 400);
+  expect_openai_error(http_call(port(), "POST", "/v1/responses", R"({"input":"x","max_output_tokens":0})"), 400);
+  expect_openai_error(http_call(port(), "POST", "/v1/responses", R"({"input":"x","max_output_tokens":100000000})"), 400);
+  HttpReply model = http_call(port(), "POST", "/v1/responses", R"({"model":"other","input":"x"})");
+  expect_openai_error(model, 404);
+  EXPECT_EQ(parse(model.body).at("error").at("code").as_string(), "model_not_found");
+  HttpReply missing = http_call(port(), "POST", "/v1/responses", R"({"input":""})");
+  expect_openai_error(missing, 400);
+  EXPECT_NE(missing.body.find("'input' must not be empty"), std::string::npos) << missing.body;
+}
+
+// Responses requests go through the engine like chat: the same vLLM counters move by the same amounts.
+TEST_F(SimServerTest, ResponsesCountInTheMetrics) {
+  auto snapshot = [&] { return http_call(port(), "GET", "/metrics").body; };
+  const std::string before = snapshot();
+  HttpReply r = create_response(port(), {{"input", long_prompt("responses-metrics")}, {"max_output_tokens", 6}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json::value v = parse(r.body);
+  const std::string after = snapshot();
+  auto delta = [&](const std::string& prefix) { return metric(after, prefix) - metric(before, prefix); };
+  EXPECT_EQ(delta("vllm:request_success_total{"), 1);
+  EXPECT_EQ(delta("vllm:generation_tokens_total{"), 6);
+  EXPECT_EQ(delta("vllm:prefix_cache_queries_total{"), input_tokens(v));
+  EXPECT_EQ(delta("vllm:prompt_tokens_total{"), input_tokens(v) - cached_input_tokens(v));
+  EXPECT_EQ(delta("vllm:time_to_first_token_seconds_count{"), 1);
+}
+
 TEST(SimServerProcessTest, ClientDisconnectCancelsRequest) {
   SimProcess sim({"--speed", "1"});
   ASSERT_TRUE(sim.ready());
   namespace net = boost::asio;
-  for (bool stream : {false, true}) {
+  // A completion and a Responses API request, each streaming and not.
+  for (int k = 0; k < 4; ++k) {
+    const bool stream = k % 2 == 1;
+    const bool responses = k >= 2;
     net::io_context io;
     net::ip::tcp::socket s(io);
     boost::system::error_code ec;
     s.connect({net::ip::make_address("127.0.0.1"), sim.port()}, ec);
     ASSERT_FALSE(ec);
-    const std::string body = std::string(R"({"prompt":"a long generation","max_tokens":5000,"stream":)") +
+    const std::string body = std::string(responses ? R"({"input":"a long generation","max_output_tokens":5000,"stream":)"
+                                                   : R"({"prompt":"a long generation","max_tokens":5000,"stream":)") +
                              (stream ? "true" : "false") + "}";
-    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    const std::string req = std::string("POST ") + (responses ? "/v1/responses" : "/v1/completions") +
+                            " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                             "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
     net::write(s, net::buffer(req), ec);
     ASSERT_FALSE(ec);
@@ -356,10 +587,10 @@ TEST(SimServerProcessTest, ClientDisconnectCancelsRequest) {
     const std::string m = http_call(sim.port(), "GET", "/metrics").body;
     cancelled = metric(m, "kvroute_sim:requests_cancelled_total");
     running = metric(m, "vllm:num_requests_running");
-    if (cancelled >= 2 && running == 0) break;
+    if (cancelled >= 4 && running == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_EQ(cancelled, 2);
+  EXPECT_EQ(cancelled, 4);
   EXPECT_EQ(running, 0);
 }
 
@@ -376,6 +607,29 @@ TEST(SimServerProcessTest, WorkersAreIndependent) {
   EXPECT_EQ(http_call(sim.port(0), "POST", "/reset_prefix_cache").status, 200);
   EXPECT_TRUE(parse(http_call(sim.port(0), "GET", "/debug/kv_blocks").body).at("gpu").as_array().empty());
   EXPECT_EQ(sim.terminate(), 0);  // SIGTERM is a clean shutdown
+}
+
+// vLLM keeps stored responses in the memory of the server that made them: worker 1 of the same process,
+// and another process, do not know worker 0's response.
+TEST(SimServerProcessTest, ResponsesAreStoredPerWorker) {
+  SimProcess sim({"--speed", "100", "--served-model-name", "m"}, 2);
+  ASSERT_TRUE(sim.ready());
+  HttpReply r = create_response(sim.port(0), {{"input", long_prompt("per-worker")}, {"max_output_tokens", 2}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string id(parse(r.body).at("id").as_string());
+  const json::object follow_up{{"input", "Next."}, {"previous_response_id", id}, {"max_output_tokens", 1}};
+  expect_response_not_found(create_response(sim.port(1), follow_up), id);
+  expect_response_not_found(http_call(sim.port(1), "GET", "/v1/responses/" + id), id);
+  HttpReply on_owner = create_response(sim.port(0), follow_up);
+  ASSERT_EQ(on_owner.status, 200) << on_owner.body;
+  EXPECT_GE(cached_input_tokens(parse(on_owner.body)), input_tokens(parse(r.body)) / 16 * 16);
+
+  SimProcess other({"--speed", "100", "--served-model-name", "m"});
+  ASSERT_TRUE(other.ready());
+  expect_response_not_found(create_response(other.port(), follow_up), id);
+  HttpReply mine = create_response(other.port(), {{"input", "Hello."}, {"max_output_tokens", 1}});
+  ASSERT_EQ(mine.status, 200) << mine.body;
+  EXPECT_NE(parse(mine.body).at("id").as_string(), id);
 }
 
 TEST(SimServerProcessTest, CpuTierKeepsEvictedBlocks) {

@@ -1,5 +1,5 @@
 // Unit tests of kvroute-sim's pieces that need no process: tokenizer, request parsing, response shapes,
-// KV-event encoding, flags.
+// the Responses API store, KV-event encoding, flags.
 #include <gtest/gtest.h>
 
 #include <boost/json/parse.hpp>
@@ -9,6 +9,7 @@
 #include "backends/sim/server/kv_events.h"
 #include "backends/sim/server/openai_api.h"
 #include "backends/sim/server/options.h"
+#include "backends/sim/server/response_store.h"
 #include "backends/sim/server/tokenizer.h"
 
 namespace kvroute::sim {
@@ -120,6 +121,219 @@ TEST(SimOpenAi, ResponsesAreValidJson) {
   EXPECT_EQ(full.at("usage").at("total_tokens").as_int64(), 5);
   json::value err = json::parse(error_body(make_error("bad \"x\"", 400)));
   EXPECT_EQ(err.at("error").at("message").as_string(), "bad \"x\"");
+}
+
+TEST(SimTokenizer, ContinueChatEqualsTheWholeConversation) {
+  // A stored conversation (turn 1's prompt + its generated output tokens) continued by the next turn gives
+  // the tokens of the whole conversation rendered through the chat template, and keeps turn 1 as a prefix.
+  auto turn1 = render_chat(json::parse(R"([{"role":"user","content":"What is a KV cache?"}])"));
+  ASSERT_TRUE(turn1);
+  std::string output;
+  for (std::uint64_t i = 0; i < 12; ++i) output += generated_piece(99, i);
+  std::vector<std::uint32_t> history = *turn1;
+  tokenize_append(output, history);
+  ASSERT_EQ(history.size(), turn1->size() + 12);  // one token per generated piece
+  auto next = render_chat(json::parse(R"([{"role":"user","content":"More."}])"));
+  ASSERT_TRUE(next);
+  json::array whole = {json::object{{"role", "user"}, {"content", "What is a KV cache?"}},
+                       json::object{{"role", "assistant"}, {"content", output}},
+                       json::object{{"role", "user"}, {"content", "More."}}};
+  auto expected = render_chat(whole);
+  ASSERT_TRUE(expected);
+  const auto got = continue_chat(history, *next);
+  EXPECT_EQ(got, *expected);
+  EXPECT_TRUE(std::equal(history.begin(), history.end(), got.begin()));
+}
+
+TEST(SimOpenAi, ParsesResponsesRequests) {
+  ApiLimits limits{.served_model_name = "m", .alias = "qwen3-8b", .max_model_len = 1000};
+  auto user = [](const char* text) { return *render_chat(json::array{json::object{{"role", "user"}, {"content", text}}}); };
+
+  // A string input is one user message; defaults: 16 output tokens, store, no stream, no previous response.
+  auto s = parse_responses_request(R"({"model":"m","input":"Hello there","temperature":0.2,"tools":[]})", limits);
+  ASSERT_TRUE(s) << s.error().message;
+  EXPECT_EQ(s->api.prompt_tokens, user("Hello there"));
+  EXPECT_EQ(s->api.kind, ApiKind::kChat);
+  EXPECT_EQ(s->api.max_tokens, 16u);
+  EXPECT_FALSE(s->api.stream);
+  EXPECT_TRUE(s->store);
+  EXPECT_FALSE(s->previous_response_id.has_value());
+
+  // Instructions come first, as a system message; fields.
+  auto f = parse_responses_request(R"({"model":"qwen3-8b","instructions":"Be brief.","input":"Hi",)"
+                                   R"("max_output_tokens":7,"stream":true,"store":false,)"
+                                   R"("previous_response_id":"resp_abc","cache_salt":"t"})",
+                                   limits);
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_EQ(f->api.prompt_tokens, *render_chat(json::parse(
+                                      R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}])")));
+  EXPECT_EQ(f->api.max_tokens, 7u);
+  EXPECT_TRUE(f->api.stream);
+  EXPECT_FALSE(f->store);
+  EXPECT_EQ(f->previous_response_id.value_or(""), "resp_abc");
+  EXPECT_EQ(f->api.cache_salt, "t");
+
+  // Items: messages of every role with string or part contents (text parts concatenated), and any other
+  // item as a message whose role is its type and whose content is its canonical JSON (keys sorted).
+  auto items = parse_responses_request(
+      R"({"input":[{"role":"developer","content":"Rules."},)"
+      R"({"type":"message","role":"user","content":[{"type":"input_text","text":"Look "},{"type":"input_text","text":"here"}]},)"
+      R"({"role":"assistant","content":[{"type":"output_text","text":"Done."}]},)"
+      R"({"type":"function_call_output","output":"42","call_id":"c1"}]})",
+      limits);
+  ASSERT_TRUE(items) << items.error().message;
+  EXPECT_EQ(items->api.prompt_tokens,
+            *render_chat(json::parse(R"([{"role":"developer","content":"Rules."},{"role":"user","content":"Look here"},)"
+                                     R"({"role":"assistant","content":"Done."},)"
+                                     R"({"role":"function_call_output",)"
+                                     R"("content":"{\"call_id\":\"c1\",\"output\":\"42\",\"type\":\"function_call_output\"}"}])")));
+}
+
+TEST(SimOpenAi, RejectsBadResponsesRequests) {
+  ApiLimits limits{.served_model_name = "m", .alias = "", .max_model_len = 1000};
+  auto error = [&](const std::string& body) {
+    auto r = parse_responses_request(body, limits);
+    EXPECT_FALSE(r) << body;
+    return r ? Error{} : r.error();
+  };
+  auto bad = [&](const std::string& body, const std::string& message) {
+    const Error e = error(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_NE(e.message.find(message), std::string::npos) << body << " -> " << e.message;
+  };
+  bad("{not json", "not valid JSON");
+  bad(R"({"model":"m"})", "'input' is required");
+  bad(R"({"input":""})", "'input' must not be empty");
+  bad(R"({"input":[]})", "'input' must not be empty");
+  bad(R"({"input":42})", "'input' must be a string or an array");
+  bad(R"({"input":["hi"]})", "input[0] must be an object");
+  bad(R"({"input":[{"role":"tool","content":"x"}]})", "input[0].role must be one of");
+  bad(R"({"input":[{"role":"user","content":"a"},{"role":"user"}]})", "input[1].content must be a string or an array");
+  bad(R"({"input":[{"role":"user","content":["x"]}]})", "input[0].content parts must be objects");
+  bad(R"({"input":[{"role":"user","content":[{"type":"input_text"}]}]})", "must have a string 'text'");
+  bad(R"({"input":[{"call_id":"c1"}]})", "input[0] must have a 'role' or a string 'type'");
+  bad(R"({"input":"x","instructions":["a"]})", "'instructions' must be a string");
+  bad(R"({"input":"x","max_output_tokens":0})", "'max_output_tokens' must be an integer >= 1");
+  bad(R"({"input":"x","max_output_tokens":"many"})", "'max_output_tokens' must be an integer >= 1");
+  bad(R"({"input":"x","previous_response_id":7})", "'previous_response_id' must be a string");
+  bad(R"({"input":"x","store":"yes"})", "'store' must be a boolean");
+  bad(R"({"input":"x","stream":1})", "'stream' must be a boolean");
+  const Error model = error(R"({"model":"other","input":"x"})");
+  EXPECT_EQ(model.status, 404);
+  EXPECT_EQ(model.code, "model_not_found");
+
+  // The context length is checked once the full prompt is known (after the stored conversation).
+  auto r = parse_responses_request(R"({"input":"x","max_output_tokens":999})", limits);
+  ASSERT_TRUE(r);
+  auto too_long = check_context_length(r->api, limits);
+  ASSERT_TRUE(too_long.has_value());
+  EXPECT_EQ(too_long->status, 400);
+  EXPECT_NE(too_long->message.find("maximum context length is 1000"), std::string::npos);
+
+  json::value nf = json::parse(error_body(response_not_found("resp_x")));
+  EXPECT_EQ(nf.at("error").at("message").as_string(), "Response with id 'resp_x' not found.");
+  EXPECT_EQ(nf.at("error").at("type").as_string(), "invalid_request_error");
+  EXPECT_EQ(nf.at("error").at("code").as_int64(), 404);
+}
+
+TEST(SimOpenAi, ResponsesObjectsAndEvents) {
+  ResponsesFormatter f("resp_0123", "msg_4567", 1790000000, "m\"odel");
+  const std::string done = f.completed(" the cache\n", ApiUsage{40, 3, 32});
+  EXPECT_EQ(done.rfind(R"({"id":"resp_0123",)", 0), 0u) << done;  // "id" is the first key
+  json::value v = json::parse(done);
+  EXPECT_EQ(v.at("object").as_string(), "response");
+  EXPECT_EQ(v.at("created_at").as_int64(), 1790000000);
+  EXPECT_EQ(v.at("model").as_string(), "m\"odel");
+  EXPECT_EQ(v.at("status").as_string(), "completed");
+  const auto& item = v.at("output").at(0);
+  EXPECT_EQ(item.at("type").as_string(), "message");
+  EXPECT_EQ(item.at("id").as_string(), "msg_4567");
+  EXPECT_EQ(item.at("role").as_string(), "assistant");
+  EXPECT_EQ(item.at("status").as_string(), "completed");
+  EXPECT_EQ(item.at("content").at(0).at("type").as_string(), "output_text");
+  EXPECT_EQ(item.at("content").at(0).at("text").as_string(), " the cache\n");
+  EXPECT_TRUE(item.at("content").at(0).at("annotations").as_array().empty());
+  const auto& u = v.at("usage");
+  EXPECT_EQ(u.at("input_tokens").as_int64(), 40);
+  EXPECT_EQ(u.at("input_tokens_details").at("cached_tokens").as_int64(), 32);
+  EXPECT_EQ(u.at("output_tokens").as_int64(), 3);
+  EXPECT_EQ(u.at("output_tokens_details").at("reasoning_tokens").as_int64(), 0);
+  EXPECT_EQ(u.at("total_tokens").as_int64(), 43);
+
+  std::string sse;
+  f.sse_created(sse);
+  f.sse_delta(sse, " the");
+  f.sse_delta(sse, " cache\n");
+  f.sse_completed(sse, " the cache\n", done);
+  // vLLM's order: created and in_progress, the item and its part opened with the first token, the deltas,
+  // then text, part and item done, and completed.
+  const std::vector<std::string> types = {"response.created",           "response.in_progress",
+                                          "response.output_item.added", "response.content_part.added",
+                                          "response.output_text.delta", "response.output_text.delta",
+                                          "response.output_text.done",  "response.content_part.done",
+                                          "response.output_item.done",  "response.completed"};
+  std::size_t p = 0;
+  for (std::size_t k = 0; k < types.size(); ++k) {
+    const std::string head = "event: " + types[k] + "\ndata: ";
+    ASSERT_EQ(sse.compare(p, head.size(), head), 0) << sse.substr(p);
+    const std::size_t end = sse.find("\n\n", p);
+    ASSERT_NE(end, std::string::npos);
+    json::value e = json::parse(sse.substr(p + head.size(), end - p - head.size()));
+    EXPECT_EQ(e.at("type").as_string(), types[k]);
+    EXPECT_EQ(e.at("sequence_number").as_int64(), static_cast<std::int64_t>(k));
+    if (k < 2) {
+      EXPECT_EQ(e.at("response").at("id").as_string(), "resp_0123");
+      EXPECT_EQ(e.at("response").at("status").as_string(), "in_progress");
+      EXPECT_TRUE(e.at("response").at("output").as_array().empty());
+      EXPECT_TRUE(e.at("response").at("usage").is_null());
+    } else if (k == 2) {
+      EXPECT_EQ(e.at("output_index").as_int64(), 0);
+      EXPECT_EQ(e.at("item").at("id").as_string(), "msg_4567");
+      EXPECT_EQ(e.at("item").at("status").as_string(), "in_progress");
+      EXPECT_TRUE(e.at("item").at("content").as_array().empty());
+    } else if (k == 8) {
+      EXPECT_EQ(e.at("item"), v.at("output").at(0));
+    } else if (k == 9) {
+      EXPECT_EQ(e.at("response"), v);
+    } else {
+      EXPECT_EQ(e.at("item_id").as_string(), "msg_4567");
+      EXPECT_EQ(e.at("output_index").as_int64(), 0);
+      EXPECT_EQ(e.at("content_index").as_int64(), 0);
+      if (k == 6) {
+        EXPECT_EQ(e.at("text").as_string(), " the cache\n");
+      }
+      if (k == 3 || k == 7) {
+        EXPECT_EQ(e.at("part").at("text").as_string(), k == 3 ? "" : " the cache\n");
+      }
+    }
+    p = end + 2;
+  }
+  EXPECT_EQ(p, sse.size());
+  EXPECT_EQ(sse.find("[DONE]"), std::string::npos);
+}
+
+TEST(SimResponseStore, KeepsTheNewestAndMakesRandomIds) {
+  ResponseStore store(3);
+  for (int i = 0; i < 4; ++i) store.put("r" + std::to_string(i), StoredResponse{{std::uint32_t(i)}, "{}"});
+  EXPECT_EQ(store.size(), 3u);
+  EXPECT_EQ(store.find("r0"), nullptr);  // the oldest went
+  ASSERT_NE(store.find("r3"), nullptr);
+  EXPECT_EQ(store.find("r3")->conversation, std::vector<std::uint32_t>{3});
+  store.put("r1", StoredResponse{{9}, "{\"x\":1}"});  // replaced in place; nothing dropped
+  EXPECT_EQ(store.size(), 3u);
+  EXPECT_EQ(store.find("r1")->object, "{\"x\":1}");
+  EXPECT_EQ(ResponseStore::kDefaultCapacity, 4096u);
+
+  ResponseStore other;
+  const std::string a = store.new_id("resp_");
+  const std::string b = other.new_id("resp_");
+  for (const std::string& id : {a, b}) {
+    ASSERT_EQ(id.size(), 5u + 32u) << id;
+    EXPECT_EQ(id.substr(0, 5), "resp_");
+    EXPECT_EQ(id.find_first_not_of("0123456789abcdef", 5), std::string::npos) << id;
+  }
+  EXPECT_NE(a, b);  // independently seeded generators
+  EXPECT_NE(store.new_id("msg_"), store.new_id("msg_"));
 }
 
 TEST(SimKvEvents, PositionalBatchBytes) {

@@ -3,9 +3,11 @@
 #include <optional>
 
 #include <boost/json/parse.hpp>
+#include <boost/json/string.hpp>
 #include <boost/json/value.hpp>
 
 #include "backends/sim/server/tokenizer.h"
+#include "hashing/chat_canonical.h"
 
 namespace kvroute::sim {
 
@@ -27,6 +29,28 @@ std::optional<Error> read_bool(const json::object& o, std::string_view key, bool
   if (v == nullptr || v->is_null()) return std::nullopt;
   if (!v->is_bool()) return make_error("'" + std::string(key) + "' must be a boolean");
   out = v->get_bool();
+  return std::nullopt;
+}
+
+// Reads an optional token count in [1, 2^30]; absent or null leaves `out` unchanged.
+std::optional<Error> read_token_count(const json::object& o, std::string_view key, std::uint32_t& out) {
+  const auto* v = o.if_contains(key);
+  if (v == nullptr || v->is_null()) return std::nullopt;
+  if (v->is_int64() && v->get_int64() >= 1 && v->get_int64() <= (1ll << 30)) {
+    out = static_cast<std::uint32_t>(v->get_int64());
+  } else if (v->is_uint64() && v->get_uint64() >= 1 && v->get_uint64() <= (1ull << 30)) {
+    out = static_cast<std::uint32_t>(v->get_uint64());
+  } else {
+    return make_error("'" + std::string(key) + "' must be an integer >= 1");
+  }
+  return std::nullopt;
+}
+
+std::optional<Error> read_cache_salt(const json::object& o, std::string& out) {
+  const auto* salt = o.if_contains("cache_salt");
+  if (salt == nullptr || salt->is_null()) return std::nullopt;
+  if (!salt->is_string()) return make_error("'cache_salt' must be a string");
+  out = std::string(salt->get_string());
   return std::nullopt;
 }
 
@@ -72,6 +96,69 @@ Result<std::vector<std::uint32_t>> completion_prompt(const json::object& o) {
   return make_error("'prompt' must be a string, an array of token ids, or a one-element array");
 }
 
+// A message item's content: a string, or an array of part objects whose input_text / output_text parts carry
+// a string "text" (render_chat concatenates the "text" of every part; other part kinds add nothing).
+std::optional<Error> check_item_content(const json::value* content, const std::string& where) {
+  if (content != nullptr && content->is_string()) return std::nullopt;
+  const auto* parts = content != nullptr ? content->if_array() : nullptr;
+  if (parts == nullptr) return make_error(where + " must be a string or an array of content parts");
+  for (const auto& part : *parts) {
+    const auto* po = part.if_object();
+    if (po == nullptr) return make_error(where + " parts must be objects");
+    const auto* type = po->if_contains("type");
+    if (type == nullptr || !type->is_string()) return make_error(where + " parts must have a string 'type'");
+    const std::string_view t = type->get_string();
+    const auto* text = po->if_contains("text");
+    if ((t == "input_text" || t == "output_text") && (text == nullptr || !text->is_string())) {
+      return make_error(where + " parts of type '" + std::string(t) + "' must have a string 'text'");
+    }
+  }
+  return std::nullopt;
+}
+
+// The chat messages a Responses request stands for, in the shape the router also derives (and may send to
+// /tokenize): `instructions` as a system message, then `input`: a string is one user message; an array holds
+// message items (by role) and other items (a function call, its output, ...), each rendered as a message
+// whose role is the item's type and whose content is the item's canonical JSON.
+Result<json::array> responses_messages(const json::object& o) {
+  json::array messages;
+  if (const auto* ins = o.if_contains("instructions"); ins != nullptr && !ins->is_null()) {
+    if (!ins->is_string()) return make_error("'instructions' must be a string");
+    messages.push_back(json::object{{"role", "system"}, {"content", *ins}});
+  }
+  const auto* input = o.if_contains("input");
+  if (input == nullptr || input->is_null()) return make_error("'input' is required");
+  if (const auto* text = input->if_string()) {
+    if (text->empty()) return make_error("'input' must not be empty");
+    messages.push_back(json::object{{"role", "user"}, {"content", *text}});
+    return messages;
+  }
+  const auto* items = input->if_array();
+  if (items == nullptr) return make_error("'input' must be a string or an array of input items");
+  if (items->empty()) return make_error("'input' must not be empty");
+  for (std::size_t i = 0; i < items->size(); ++i) {
+    const std::string where = "input[" + std::to_string(i) + "]";
+    const auto* item = (*items)[i].if_object();
+    if (item == nullptr) return make_error(where + " must be an object");
+    if (const auto* role = item->if_contains("role")) {
+      const auto* r = role->if_string();
+      if (r == nullptr || (*r != "user" && *r != "system" && *r != "developer" && *r != "assistant")) {
+        return make_error(where + ".role must be one of 'user', 'system', 'developer', 'assistant'");
+      }
+      const auto* content = item->if_contains("content");
+      if (auto e = check_item_content(content, where + ".content")) return *e;
+      messages.push_back(json::object{{"role", *r}, {"content", *content}});
+      continue;
+    }
+    const auto* type = item->if_contains("type");
+    if (type == nullptr || !type->is_string()) return make_error(where + " must have a 'role' or a string 'type'");
+    std::string text;
+    hashing::canonical_json((*items)[i], text);
+    messages.push_back(json::object{{"role", *type}, {"content", std::move(text)}});
+  }
+  return messages;
+}
+
 }  // namespace
 
 Result<ApiRequest> parse_api_request(ApiKind kind, std::string_view body, const ApiLimits& limits) {
@@ -97,15 +184,7 @@ Result<ApiRequest> parse_api_request(ApiKind kind, std::string_view body, const 
 
   req.max_tokens = limits.default_max_tokens;
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
-    const auto* v = o.if_contains(key);
-    if (v == nullptr || v->is_null()) continue;
-    if (v->is_int64() && v->get_int64() >= 1 && v->get_int64() <= (1ll << 30)) {
-      req.max_tokens = static_cast<std::uint32_t>(v->get_int64());
-    } else if (v->is_uint64() && v->get_uint64() >= 1 && v->get_uint64() <= (1ull << 30)) {
-      req.max_tokens = static_cast<std::uint32_t>(v->get_uint64());
-    } else {
-      return make_error(std::string("'") + key + "' must be an integer >= 1");
-    }
+    if (auto e = read_token_count(o, key, req.max_tokens)) return *e;
   }
   if (const auto* n = o.if_contains("n"); n != nullptr && !n->is_null()) {
     if (!(n->is_int64() && n->get_int64() == 1) && !(n->is_uint64() && n->get_uint64() == 1)) {
@@ -120,19 +199,49 @@ Result<ApiRequest> parse_api_request(ApiKind kind, std::string_view body, const 
     if (soo == nullptr) return make_error("'stream_options' must be an object");
     if (auto e = read_bool(*soo, "include_usage", req.include_usage)) return *e;
   }
-  if (const auto* salt = o.if_contains("cache_salt"); salt != nullptr && !salt->is_null()) {
-    if (!salt->is_string()) return make_error("'cache_salt' must be a string");
-    req.cache_salt = std::string(salt->get_string());
-  }
-  if (limits.max_model_len != 0 &&
-      req.prompt_tokens.size() + std::uint64_t{req.max_tokens} > limits.max_model_len) {
-    return make_error("This model's maximum context length is " + std::to_string(limits.max_model_len) +
-                      " tokens. However, you requested " +
-                      std::to_string(req.prompt_tokens.size() + req.max_tokens) + " tokens (" +
-                      std::to_string(req.prompt_tokens.size()) + " in the prompt, " +
-                      std::to_string(req.max_tokens) + " in the completion). Please reduce the length.");
-  }
+  if (auto e = read_cache_salt(o, req.cache_salt)) return *e;
+  if (auto e = check_context_length(req, limits)) return *e;
   return req;
+}
+
+std::optional<Error> check_context_length(const ApiRequest& req, const ApiLimits& limits) {
+  if (limits.max_model_len == 0 || req.prompt_tokens.size() + std::uint64_t{req.max_tokens} <= limits.max_model_len) {
+    return std::nullopt;
+  }
+  return make_error("This model's maximum context length is " + std::to_string(limits.max_model_len) +
+                    " tokens. However, you requested " + std::to_string(req.prompt_tokens.size() + req.max_tokens) +
+                    " tokens (" + std::to_string(req.prompt_tokens.size()) + " in the prompt, " +
+                    std::to_string(req.max_tokens) + " in the completion). Please reduce the length.");
+}
+
+Result<ResponsesRequest> parse_responses_request(std::string_view body, const ApiLimits& limits) {
+  auto parsed = parse_object(body);
+  if (!parsed) return parsed.error();
+  const json::object& o = *parsed;
+  if (auto e = check_model(o, limits)) return *e;
+
+  auto messages = responses_messages(o);
+  if (!messages) return messages.error();
+  auto toks = render_chat(*messages);
+  if (!toks) return toks.error();
+
+  ResponsesRequest r;
+  r.api.kind = ApiKind::kChat;
+  r.api.prompt_tokens = std::move(*toks);
+  r.api.max_tokens = limits.default_max_tokens;
+  if (auto e = read_token_count(o, "max_output_tokens", r.api.max_tokens)) return *e;
+  if (auto e = read_bool(o, "stream", r.api.stream)) return *e;
+  if (auto e = read_bool(o, "store", r.store)) return *e;
+  if (auto e = read_cache_salt(o, r.api.cache_salt)) return *e;
+  if (const auto* prev = o.if_contains("previous_response_id"); prev != nullptr && !prev->is_null()) {
+    if (!prev->is_string()) return make_error("'previous_response_id' must be a string");
+    r.previous_response_id = std::string(prev->get_string());
+  }
+  return r;
+}
+
+Error response_not_found(std::string_view id) {
+  return make_error("Response with id '" + std::string(id) + "' not found.", 404);
 }
 
 Result<std::vector<std::uint32_t>> parse_tokenize_request(std::string_view body, const ApiLimits& limits) {
@@ -279,6 +388,102 @@ std::string ResponseFormatter::full(std::string_view text, const ApiUsage& u) co
   append_usage(out, u);
   out.append("}");
   return out;
+}
+
+// ---- Responses API ----
+
+namespace {
+
+void append_responses_usage(std::string& out, const ApiUsage& u) {
+  out.append("{\"input_tokens\":").append(std::to_string(u.prompt_tokens));
+  out.append(",\"input_tokens_details\":{\"cached_tokens\":").append(std::to_string(u.cached_tokens));
+  out.append("},\"output_tokens\":").append(std::to_string(u.completion_tokens));
+  out.append(",\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":");
+  out.append(std::to_string(u.prompt_tokens + u.completion_tokens)).append("}");
+}
+
+}  // namespace
+
+ResponsesFormatter::ResponsesFormatter(std::string id, std::string_view message_id, std::int64_t created_at,
+                                       std::string_view model)
+    : id_(std::move(id)) {
+  head_ = "{\"id\":";
+  append_json_string(head_, id_);
+  head_.append(",\"object\":\"response\",\"created_at\":").append(std::to_string(created_at));
+  head_.append(",\"model\":");
+  append_json_string(head_, model);
+  head_.append(",\"status\":");
+  item_head_ = "{\"type\":\"message\",\"id\":";
+  append_json_string(item_head_, message_id);
+  item_head_.append(",\"role\":\"assistant\",\"status\":\"completed\",\"content\":");
+  delta_head_ = ",\"item_id\":";
+  append_json_string(delta_head_, message_id);
+  delta_head_.append(",\"output_index\":0,\"content_index\":0,\"delta\":");
+}
+
+std::string ResponsesFormatter::in_progress() const {
+  return head_ + "\"in_progress\",\"output\":[],\"usage\":null}";
+}
+
+std::string ResponsesFormatter::completed(std::string_view text, const ApiUsage& u) const {
+  std::string out;
+  out.reserve(head_.size() + item_head_.size() + text.size() + 320);
+  out.append(head_).append("\"completed\",\"output\":[").append(item_head_);
+  out.append("[{\"type\":\"output_text\",\"text\":");
+  append_json_string(out, text);
+  out.append(",\"annotations\":[]}]}],\"usage\":");
+  append_responses_usage(out, u);
+  out.append("}");
+  return out;
+}
+
+void ResponsesFormatter::append_event(std::string& out, std::string_view type) {
+  out.append("event: ").append(type).append("\ndata: {\"type\":\"").append(type);
+  out.append("\",\"sequence_number\":").append(std::to_string(seq_++));
+}
+
+void ResponsesFormatter::sse_created(std::string& out) {
+  append_event(out, "response.created");
+  out.append(",\"response\":").append(in_progress()).append("}\n\n");
+  append_event(out, "response.in_progress");
+  out.append(",\"response\":").append(in_progress()).append("}\n\n");
+}
+
+void ResponsesFormatter::sse_delta(std::string& out, std::string_view text) {
+  if (!opened_) {
+    // With the first token, as vLLM: the message item and its text part open.
+    opened_ = true;
+    append_event(out, "response.output_item.added");
+    out.append(",\"output_index\":0,\"item\":").append(item_head_, 0, item_head_.size() - kCompletedTail.size());
+    out.append("\"in_progress\",\"content\":[]}}\n\n");
+    append_event(out, "response.content_part.added");
+    out.append(delta_head_, 0, delta_head_.size() - kDeltaKey.size());
+    out.append(",\"part\":{\"type\":\"output_text\",\"text\":\"\",\"annotations\":[]}}\n\n");
+  }
+  append_event(out, "response.output_text.delta");
+  out.append(delta_head_);
+  append_json_string(out, text);
+  out.append("}\n\n");
+}
+
+void ResponsesFormatter::sse_completed(std::string& out, std::string_view text, std::string_view completed_object) {
+  if (opened_) {
+    const std::string_view part_ids(delta_head_.data(), delta_head_.size() - kDeltaKey.size());
+    append_event(out, "response.output_text.done");
+    out.append(part_ids).append(",\"text\":");
+    append_json_string(out, text);
+    out.append("}\n\n");
+    append_event(out, "response.content_part.done");
+    out.append(part_ids).append(",\"part\":{\"type\":\"output_text\",\"text\":");
+    append_json_string(out, text);
+    out.append(",\"annotations\":[]}}\n\n");
+    append_event(out, "response.output_item.done");
+    out.append(",\"output_index\":0,\"item\":").append(item_head_).append("[{\"type\":\"output_text\",\"text\":");
+    append_json_string(out, text);
+    out.append(",\"annotations\":[]}]}}\n\n");
+  }
+  append_event(out, "response.completed");
+  out.append(",\"response\":").append(completed_object).append("}\n\n");
 }
 
 }  // namespace kvroute::sim

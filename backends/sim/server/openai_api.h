@@ -2,21 +2,35 @@
 //
 // Parsing turns a JSON body into an ApiRequest (prompt token ids, limits, streaming flags) or an Error
 // carrying the HTTP status and OpenAI error fields. Formatting writes vLLM's JSON: completions and chat
-// completions, non-streaming bodies and SSE chunks ("data: {json}\n\n" ... "data: [DONE]\n\n").
+// completions, non-streaming bodies and SSE chunks ("data: {json}\n\n" ... "data: [DONE]\n\n"); and the
+// Responses API (POST /v1/responses), whose objects and named SSE events have a formatter of their own.
 //
 // Facts kept from vLLM:
 //   - usage.prompt_tokens_details.cached_tokens is always present (vLLM needs
 //     --enable-prompt-tokens-details; the simulator behaves as if it were given).
 //   - with stream_options.include_usage the last chunk before [DONE] has "choices": [] and the usage.
 //   - the generator never emits EOS, so finish_reason is always "length" and ignore_eos changes nothing.
+//   - Responses API: stored responses live in the memory of the server that made them, so a request with
+//     previous_response_id works only there; elsewhere it gets 404 "Response with id '...' not found.".
+//     The follow-up's prompt is the stored conversation (earlier prompt + output) then the new turn, so the
+//     earlier conversation is a token prefix that the prefix cache hits. `store` defaults to true.
+//   - Responses API streaming: named events ("event: TYPE\ndata: {json}\n\n") carrying a sequence_number
+//     from 0, in vLLM's order: response.created and response.in_progress at once; with the first token
+//     response.output_item.added and response.content_part.added; response.output_text.delta per token;
+//     then response.output_text.done, response.content_part.done, response.output_item.done and
+//     response.completed with the usage; no [DONE].
 //
 //   auto req = parse_api_request(ApiKind::kChat, body_text, limits);
 //   if (!req) return error_body(req.error());
 //   ResponseFormatter f(*req, "chatcmpl-42", created, model);
 //   out += f.sse_token(" cache");
+//   auto rr = parse_responses_request(body_text, limits);   // + continue_chat() when previous_response_id is set
+//   ResponsesFormatter rf("resp_..", "msg_..", created, model);
+//   rf.sse_created(out);
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +64,23 @@ struct ApiUsage {
 };
 
 Result<ApiRequest> parse_api_request(ApiKind kind, std::string_view body, const ApiLimits& limits);
+
+// The 400 vLLM gives when prompt + max_tokens exceed max_model_len (checked by parse_api_request; a Responses
+// request is checked again once the stored conversation is in front of its prompt).
+std::optional<Error> check_context_length(const ApiRequest& req, const ApiLimits& limits);
+
+// POST /v1/responses. `api.prompt_tokens` holds only the rendering of instructions + input (chat template,
+// generation prompt included): a request with previous_response_id is completed by continue_chat() with the
+// conversation stored under that id. api.kind is kChat (the request is a chat turn to the engine).
+struct ResponsesRequest {
+  ApiRequest api;
+  std::optional<std::string> previous_response_id;
+  bool store = true;
+};
+Result<ResponsesRequest> parse_responses_request(std::string_view body, const ApiLimits& limits);
+
+// 404 "Response with id 'ID' not found." (vLLM's text), for an unknown previous_response_id or GET.
+Error response_not_found(std::string_view id);
 
 // POST /tokenize: {"prompt": "..."} or {"messages": [...]} (optional "model").
 Result<std::vector<std::uint32_t>> parse_tokenize_request(std::string_view body, const ApiLimits& limits);
@@ -86,5 +117,38 @@ class ResponseFormatter {
 };
 
 void append_usage(std::string& out, const ApiUsage& u);
+
+// Formats one Responses API response: the response object ("id" first, as clients that sniff it expect) and
+// the named SSE events. The events number themselves: every sse_* call takes the next sequence_number.
+//
+//   ResponsesFormatter f("resp_..", "msg_..", created_at, model);
+//   f.sse_created(out);  f.sse_delta(out, " cache");  f.sse_completed(out, text, f.completed(text, usage));
+class ResponsesFormatter {
+ public:
+  ResponsesFormatter(std::string id, std::string_view message_id, std::int64_t created_at, std::string_view model);
+
+  const std::string& id() const { return id_; }
+  // The object with status "in_progress", no output and "usage": null (what response.created carries).
+  std::string in_progress() const;
+  // The finished object: status "completed", one assistant message with `text`, and the usage.
+  std::string completed(std::string_view text, const ApiUsage& u) const;
+
+  void sse_created(std::string& out);
+  void sse_delta(std::string& out, std::string_view text);
+  void sse_completed(std::string& out, std::string_view text, std::string_view completed_object);
+
+ private:
+  void append_event(std::string& out, std::string_view type);  // "event: T\ndata: {"type":"T","sequence_number":N
+
+  std::string id_;
+  std::string head_;        // {"id":"resp_..","object":"response","created_at":..,"model":"..","status":
+  std::string item_head_;   // {"type":"message","id":"msg_..","role":"assistant","status":"completed","content":
+  std::string delta_head_;  // ,"item_id":"msg_..","output_index":0,"content_index":0,"delta":
+  std::uint64_t seq_ = 0;
+  bool opened_ = false;  // the message item and its text part have been announced (first delta)
+  // The ends of item_head_ and delta_head_ that the "added" and "done" events leave out.
+  static constexpr std::string_view kCompletedTail = "\"completed\",\"content\":";
+  static constexpr std::string_view kDeltaKey = ",\"delta\":";
+};
 
 }  // namespace kvroute::sim

@@ -27,9 +27,16 @@ constexpr auto kWriteTimeout = std::chrono::seconds(30);
 constexpr std::size_t kHeaderLimit = 64 * 1024;
 // SSE bytes a slow reader may leave unsent before its request is dropped (a cap on queued output).
 constexpr std::size_t kMaxQueuedStreamBytes = 16u << 20;
+// GET /v1/responses/{id}
+constexpr std::string_view kResponsesPrefix = "/v1/responses/";
 
 std::chrono::steady_clock::duration seconds(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+std::int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 // Network failures end the connection silently; only protocol errors get an answer.
@@ -106,6 +113,10 @@ void SimSession::handle(Request& req) {
     if (need(http::verb::post)) start_completion(ApiKind::kCompletion, req);
   } else if (target == "/v1/chat/completions") {
     if (need(http::verb::post)) start_completion(ApiKind::kChat, req);
+  } else if (target == "/v1/responses") {
+    if (need(http::verb::post)) start_response(req);
+  } else if (target.starts_with(kResponsesPrefix) && target.find('/', kResponsesPrefix.size()) == std::string_view::npos) {
+    if (need(http::verb::get)) get_response(target.substr(kResponsesPrefix.size()));
   } else if (target == "/health") {
     if (need(http::verb::get)) send_json(200, "");
   } else if (target == "/v1/models") {
@@ -138,18 +149,34 @@ void SimSession::handle(Request& req) {
   }
 }
 
-void SimSession::start_completion(ApiKind kind, Request& req) {
-  auto parsed = parse_api_request(kind, req.body(), worker_->config().limits);
-  if (!parsed) return send_error(parsed.error());
-  stream_mode_ = parsed->stream;
-  include_usage_ = parsed->include_usage;
-  auto sub = worker_->submit(std::move(*parsed), shared_from_this());
-  if (!sub) return send_error(sub.error());
+bool SimSession::submit(ApiRequest request) {
+  const bool stream = request.stream;
+  auto sub = worker_->submit(std::move(request), shared_from_this());
+  if (!sub) {
+    send_error(sub.error());
+    return false;
+  }
+  // No engine callback can come before we return: the engine advances on the worker's timer.
   active_ = true;
+  stream_mode_ = stream;
   request_id_ = sub->id;
   fingerprint_ = sub->fingerprint;
   cached_tokens_ = 0;
   text_.clear();
+  if (stream_mode_) {
+    header_pending_ = true;
+    stream_done_ = false;
+    out_pending_.clear();
+  }
+  return true;
+}
+
+void SimSession::start_completion(ApiKind kind, Request& req) {
+  auto parsed = parse_api_request(kind, req.body(), worker_->config().limits);
+  if (!parsed) return send_error(parsed.error());
+  include_usage_ = parsed->include_usage;
+  if (!submit(std::move(*parsed))) return;
+  responses_api_ = false;
   // Like vLLM, the response id carries the caller's X-Request-Id when there is one (a bounded, printable one),
   // so the same request sent twice gets the same response.
   std::string caller_id(req["x-request-id"]);
@@ -158,17 +185,44 @@ void SimSession::start_completion(ApiKind kind, Request& req) {
   const std::string id = std::string(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") +
                          (usable ? caller_id
                                  : "sim" + std::to_string(worker_->config().index) + "-" + std::to_string(request_id_));
-  const auto created = std::chrono::duration_cast<std::chrono::seconds>(
-                           std::chrono::system_clock::now().time_since_epoch()).count();
-  fmt_.emplace(kind, id, created, worker_->config().limits.served_model_name);
+  fmt_.emplace(kind, id, unix_seconds(), worker_->config().limits.served_model_name);
   if (stream_mode_) {
-    header_pending_ = true;
-    stream_done_ = false;
-    out_pending_.clear();
     fmt_->sse_role(out_pending_);
     schedule_flush();
   }
   watch();
+}
+
+void SimSession::start_response(Request& req) {
+  const auto& limits = worker_->config().limits;
+  auto parsed = parse_responses_request(req.body(), limits);
+  if (!parsed) return send_error(parsed.error());
+  ApiRequest& api = parsed->api;
+  if (parsed->previous_response_id) {
+    // Only this worker's store: a response made elsewhere is unknown here, as on vLLM.
+    const StoredResponse* prev = worker_->responses().find(*parsed->previous_response_id);
+    if (prev == nullptr) return send_error(response_not_found(*parsed->previous_response_id));
+    api.prompt_tokens = continue_chat(prev->conversation, api.prompt_tokens);
+  }
+  if (auto e = check_context_length(api, limits)) return send_error(*e);
+  store_ = parsed->store;
+  if (store_) conversation_.assign(api.prompt_tokens.begin(), api.prompt_tokens.end());
+  if (!submit(std::move(api))) return;
+  responses_api_ = true;
+  auto& store = worker_->responses();
+  std::string id = store.new_id("resp_");
+  rfmt_.emplace(std::move(id), store.new_id("msg_"), unix_seconds(), limits.served_model_name);
+  if (stream_mode_) {
+    rfmt_->sse_created(out_pending_);  // at once, like the chat role chunk
+    schedule_flush();
+  }
+  watch();
+}
+
+void SimSession::get_response(std::string_view id) {
+  const StoredResponse* r = worker_->responses().find(id);
+  if (r == nullptr) return send_error(response_not_found(id));
+  send_json(200, r->object);
 }
 
 // ---- RequestObserver ----
@@ -178,11 +232,14 @@ void SimSession::on_first_token(std::uint32_t cached_tokens) { cached_tokens_ = 
 void SimSession::on_token(std::uint32_t index) {
   if (!active_) return;
   const std::string_view piece = generated_piece(fingerprint_, index);
-  if (!stream_mode_) {
-    text_.append(piece);
-    return;
+  // A Responses stream needs the text too: response.completed repeats it.
+  if (!stream_mode_ || responses_api_) text_.append(piece);
+  if (!stream_mode_) return;
+  if (responses_api_) {
+    rfmt_->sse_delta(out_pending_, piece);
+  } else {
+    fmt_->sse_token(out_pending_, piece);
   }
-  fmt_->sse_token(out_pending_, piece);
   if (out_pending_.size() > kMaxQueuedStreamBytes) {
     // The client does not read; drop it. close() cancels the request (deferred by the worker if we are
     // inside its advance()).
@@ -194,6 +251,7 @@ void SimSession::on_token(std::uint32_t index) {
 void SimSession::on_finish(const ApiUsage& usage) {
   if (!active_) return;
   active_ = false;
+  if (responses_api_) return finish_response(usage);
   if (!stream_mode_) {
     Response res{http::status::ok, parser_->get().version()};
     res.set(http::field::content_type, "application/json");
@@ -203,6 +261,21 @@ void SimSession::on_finish(const ApiUsage& usage) {
   fmt_->sse_finish(out_pending_);
   if (include_usage_) fmt_->sse_usage(out_pending_, usage);
   ResponseFormatter::sse_done(out_pending_);
+  stream_done_ = true;
+  schedule_flush();
+}
+
+void SimSession::finish_response(const ApiUsage& usage) {
+  std::string object = rfmt_->completed(text_, usage);
+  if (store_) {
+    // The conversation a follow-up continues: this prompt, then the output's tokens (each generated piece is
+    // one token, so tokenizing the text gives exactly the ids the engine hashed for the output).
+    tokenize_append(text_, conversation_);
+    worker_->responses().put(rfmt_->id(), StoredResponse{std::move(conversation_), object});
+    conversation_.clear();
+  }
+  if (!stream_mode_) return send_json(200, std::move(object));
+  rfmt_->sse_completed(out_pending_, text_, object);  // no [DONE] in this API
   stream_done_ = true;
   schedule_flush();
 }

@@ -8,6 +8,10 @@
 // before each read and a write timeout before each write, and a cap on SSE bytes queued for a slow client
 // (the request is cancelled and the connection closed beyond it).
 //
+// Responses API: POST /v1/responses runs like a chat completion (same engine path, counters and cancellation)
+// with its own formatter; its prompt starts with the conversation stored under previous_response_id in this
+// worker's ResponseStore, and when it finishes (store=true) its conversation and object are stored there.
+//
 // Client disconnect: while a completion is in flight the session keeps one read pending on the socket; EOF
 // or an error there cancels the request in the engine. Bytes that arrive instead (a pipelined request) are
 // kept in the read buffer for the next parse.
@@ -25,6 +29,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "backends/sim/server/openai_api.h"
 #include "backends/sim/server/worker.h"
@@ -50,7 +56,12 @@ class SimSession : public RequestObserver, public std::enable_shared_from_this<S
   void read_body();
   void on_read(boost::beast::error_code ec, std::size_t bytes);
   void handle(Request& req);
+  // Submits to the engine and starts the exchange's state; false when refused (the error is sent).
+  bool submit(ApiRequest request);
   void start_completion(ApiKind kind, Request& req);
+  void start_response(Request& req);
+  void get_response(std::string_view id);
+  void finish_response(const ApiUsage& usage);
   void send(Response res);
   void send_json(unsigned status, std::string body);
   void send_error(const Error& e);
@@ -82,7 +93,12 @@ class SimSession : public RequestObserver, public std::enable_shared_from_this<S
   std::uint64_t request_id_ = 0;
   std::uint64_t fingerprint_ = 0;
   std::optional<ResponseFormatter> fmt_;
-  std::string text_;            // non-streaming: the output so far
+  std::string text_;            // non-streaming, and any Responses API request: the output so far
+  // Responses API (valid while active_ and responses_api_).
+  bool responses_api_ = false;
+  bool store_ = true;
+  std::optional<ResponsesFormatter> rfmt_;
+  std::vector<std::uint32_t> conversation_;  // store_: the prompt tokens; the output's are added at the end
   std::uint32_t cached_tokens_ = 0;
 
   // Streaming output.

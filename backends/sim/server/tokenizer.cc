@@ -119,6 +119,16 @@ Result<std::vector<std::uint32_t>> render_chat(const boost::json::value& message
   return out;
 }
 
+std::vector<std::uint32_t> continue_chat(std::span<const std::uint32_t> history, std::span<const std::uint32_t> next) {
+  std::vector<std::uint32_t> out;
+  out.reserve(history.size() + 2 + next.size());
+  out.assign(history.begin(), history.end());
+  out.push_back(kImEndToken);
+  out.push_back(kNewlineToken);
+  out.insert(out.end(), next.begin(), next.end());
+  return out;
+}
+
 std::uint64_t prompt_fingerprint(std::span<const std::uint32_t> tokens, std::uint64_t seed) {
   return XXH3_64bits_withSeed(tokens.data(), tokens.size_bytes(), seed);
 }

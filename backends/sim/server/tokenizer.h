@@ -22,6 +22,7 @@
 //   std::vector<uint32_t> ids = kvroute::sim::tokenize("Hello, world!");   // 4 tokens
 //   auto chat = kvroute::sim::render_chat(body.at("messages"));           // Result<std::vector<uint32_t>>
 //   std::string out = kvroute::sim::generated_piece(seed, 3);             // the 4th output token's text
+//   auto turn2 = kvroute::sim::continue_chat(prompt_and_output, *render_chat(next_messages));
 #pragma once
 
 #include <cstdint>
@@ -51,6 +52,13 @@ std::vector<std::uint32_t> tokenize(std::string_view text);
 // Renders an OpenAI `messages` array through the chat template (with the generation prompt) and tokenizes
 // it. Content may be a string, null, or an array of parts whose "text" parts are concatenated.
 Result<std::vector<std::uint32_t>> render_chat(const boost::json::value& messages);
+
+// A conversation continued (the Responses API's previous_response_id): `history` is an earlier prompt from
+// render_chat() followed by the tokens of its generated output; the assistant message is closed
+// (<|im_end|> "\n") and `next` (a render_chat() of the new messages) follows. Because generated text
+// tokenizes back into the same pieces, the result equals render_chat() of the whole conversation with the
+// output as an assistant message, and `history` is an exact prefix of it.
+std::vector<std::uint32_t> continue_chat(std::span<const std::uint32_t> history, std::span<const std::uint32_t> next);
 
 // A 64-bit fingerprint of a prompt, the seed of its generated text: same prompt, same output.
 std::uint64_t prompt_fingerprint(std::span<const std::uint32_t> tokens, std::uint64_t seed);

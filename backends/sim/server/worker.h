@@ -19,6 +19,10 @@
 // progress to the RequestObserver until on_finish or cancel(). The observer (an HTTP session) is kept alive
 // by the worker while its request is in flight.
 //
+// Responses API: each worker has its own ResponseStore (responses()), like each vLLM server has its own
+// memory, so a previous_response_id resolves only on the worker that made the response. Sessions read and
+// write it on the io thread, like everything else here.
+//
 //   auto w = SimWorker::create(io, config);        // Result<std::shared_ptr<SimWorker>>
 //   w.value()->start();                            // accept connections
 //   auto id = worker.submit(std::move(api_request), session);   // session->on_token(...) follows
@@ -39,6 +43,7 @@
 #include "backends/sim/engine.h"
 #include "backends/sim/server/kv_events.h"
 #include "backends/sim/server/openai_api.h"
+#include "backends/sim/server/response_store.h"
 #include "util/result.h"
 
 namespace kvroute::sim {
@@ -89,6 +94,9 @@ class SimWorker : public std::enable_shared_from_this<SimWorker> {
   // vLLM's POST /reset_prefix_cache: drops every cached block (AllBlocksCleared is published). False while
   // a request holds blocks, as vLLM refuses then too.
   bool reset_prefix_cache();
+
+  // The Responses API responses this worker stored (store=true).
+  ResponseStore& responses() { return responses_; }
 
   const SimWorkerConfig& config() const { return config_; }
   std::uint16_t port() const { return config_.port; }
@@ -152,6 +160,7 @@ class SimWorker : public std::enable_shared_from_this<SimWorker> {
     std::uint8_t media = 0;
   };
   std::unordered_map<std::uint64_t, BlockTokens> block_tokens_;
+  ResponseStore responses_;
 
   // Metrics kept by the server itself (the engine's counters come from stats()).
   std::vector<std::uint64_t> ttft_counts_ = std::vector<std::uint64_t>(23);  // per bucket, +Inf last
