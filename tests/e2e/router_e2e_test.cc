@@ -1075,6 +1075,33 @@ TEST(RouterE2E, ResponsesContinueOnTheWorkerThatStoresThem) {
   EXPECT_NE(orphan.body.find("resp_unknown"), std::string::npos) << orphan.body;
 }
 
+// The TTFT the router measures (and learns prefill rates from) is the first token's, also when a stream opens
+// with events sent before the prompt is computed: the Responses API's response.created and in_progress.
+TEST(RouterE2E, StreamedTtftIsTheFirstToken) {
+  Fleet fleet(1, {}, /*speed=*/1);
+  const std::string sum = "kvroute_ttft_seconds_sum{worker=\"" + fleet.worker_name(0) + "\"}";
+  double before = 0;
+  for (const bool responses_api : {false, true}) {
+    // ~20K uncached tokens: about 0.7 s of prefill on the simulated H100 at speed 1.
+    const std::string prompt = (responses_api ? "responses " : "chat ") + std::string(80000, 'w');
+    std::string body;
+    if (responses_api) {
+      body = json::serialize(json::object{{"model", "qwen3-8b"}, {"input", prompt}, {"max_output_tokens", 2}, {"stream", true}});
+    } else {
+      body = chat_body(json::array{json::object{{"role", "user"}, {"content", prompt}}}, 2, true);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = http(fleet.api(), "POST", responses_api ? "/v1/responses" : "/v1/chat/completions", body, {}, 30s);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(r.status, 200) << r.body;
+    const double after = counter_reaching(fleet.admin(), sum, before + 0.01);
+    const double ttft = after - before;
+    EXPECT_GT(ttft, 0.5 * elapsed) << (responses_api ? "responses" : "chat") << ": ttft " << ttft << " of " << elapsed;
+    EXPECT_LT(ttft, elapsed + 0.05);
+    before = after;
+  }
+}
+
 // Workers found by DNS (`discover` in the config file, as the Helm chart writes it): the name's address is
 // added as a worker and serves, next to a worker given by URL.
 TEST(RouterE2E, DiscoveredWorkersServe) {

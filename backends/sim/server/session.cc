@@ -186,10 +186,9 @@ void SimSession::start_completion(ApiKind kind, Request& req) {
                          (usable ? caller_id
                                  : "sim" + std::to_string(worker_->config().index) + "-" + std::to_string(request_id_));
   fmt_.emplace(kind, id, unix_seconds(), worker_->config().limits.served_model_name);
-  if (stream_mode_) {
-    fmt_->sse_role(out_pending_);
-    schedule_flush();
-  }
+  // The head goes out at once; the chat role chunk waits for the first token, as vLLM yields it on the
+  // engine's first output (serving_chat.py, first_iteration), so a stream's first event is its first token.
+  if (stream_mode_) schedule_flush();
   watch();
 }
 
@@ -213,7 +212,7 @@ void SimSession::start_response(Request& req) {
   std::string id = store.new_id("resp_");
   rfmt_.emplace(std::move(id), store.new_id("msg_"), unix_seconds(), limits.served_model_name);
   if (stream_mode_) {
-    rfmt_->sse_created(out_pending_);  // at once, like the chat role chunk
+    rfmt_->sse_created(out_pending_);  // at once, as vLLM sends created and in_progress before the engine runs
     schedule_flush();
   }
   watch();
@@ -238,6 +237,7 @@ void SimSession::on_token(std::uint32_t index) {
   if (responses_api_) {
     rfmt_->sse_delta(out_pending_, piece);
   } else {
+    if (index == 0) fmt_->sse_role(out_pending_);
     fmt_->sse_token(out_pending_, piece);
   }
   if (out_pending_.size() > kMaxQueuedStreamBytes) {
@@ -321,7 +321,7 @@ void SimSession::schedule_flush() {
 }
 
 void SimSession::flush() {
-  if (writing_ || closed_ || out_pending_.empty()) return;
+  if (writing_ || closed_ || (out_pending_.empty() && !header_pending_)) return;
   out_writing_.clear();
   if (header_pending_) {
     // Written by hand rather than through a Beast serializer so that it shares one write with the first
@@ -332,11 +332,14 @@ void SimSession::flush() {
                         "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n");
     out_writing_.append(keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n");
   }
-  // One HTTP chunk per write: every SSE event queued since the last write goes out together.
-  char size_line[24];
-  const int n = std::snprintf(size_line, sizeof size_line, "%zx\r\n", out_pending_.size());
-  out_writing_.append(size_line, static_cast<std::size_t>(n));
-  out_writing_.append(out_pending_).append("\r\n");
+  // One HTTP chunk per write: every SSE event queued since the last write goes out together (none with a
+  // head sent alone: a zero-size chunk would end the body).
+  if (!out_pending_.empty()) {
+    char size_line[24];
+    const int n = std::snprintf(size_line, sizeof size_line, "%zx\r\n", out_pending_.size());
+    out_writing_.append(size_line, static_cast<std::size_t>(n));
+    out_writing_.append(out_pending_).append("\r\n");
+  }
   if (stream_done_) {
     out_writing_.append("0\r\n\r\n");  // last-chunk: the response is complete
     last_write_ = true;
