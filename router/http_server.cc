@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <iostream>
@@ -329,9 +330,9 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       // A stored response (GET, DELETE, cancel, input_items) lives on the worker that made it.
       if (path.starts_with("/v1/responses/")) {
         const std::string_view rest = path.substr(std::string_view("/v1/responses/").size());
-        if (const auto owner = svc_.router.response_owner(std::string(rest.substr(0, rest.find('/'))))) {
-          if (auto worker = svc_.registry.find(*owner); worker && worker->healthy()) return forward(std::move(worker));
-        }
+        std::string id(rest.substr(0, rest.find('/')));
+        if (svc_.router.response_owner(id)) return forward_to_response_owner(id);
+        return find_response_owner(id, [self = shared_from_this(), id] { self->forward_to_response_owner(id); });
       }
       return forward_to_least_loaded();
     }
@@ -367,15 +368,66 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       svc_.metrics.error("bad_request");
       return send_error(parsed.error());
     }
-    if (!parsed->tokenize_body.empty()) {
-      if (TokenIds cached = svc_.tokenize_cache.get(parsed->tokenize_key)) {
-        use_token_ids(*parsed, *cached, svc_.config.block_tokens);
+    const std::string& previous = parsed->previous_response_id;
+    if (!previous.empty() && !svc_.router.response_owner(previous)) {
+      auto request = std::make_shared<RoutableRequest>(std::move(*parsed));
+      return find_response_owner(request->previous_response_id, [self = shared_from_this(), request, t0] {
+        self->prepare_route(std::move(*request), t0);
+      });
+    }
+    prepare_route(std::move(*parsed), t0);
+  }
+
+  // Where a Responses API id this router did not see being made is stored: another router replica (the chart
+  // runs two) or this one before a restart routed it. Every healthy worker is asked (GET /v1/responses/ID; a
+  // worker that does not store it answers 404), the one that has it is remembered, then `then` runs. Ids that
+  // could not be a path segment are not looked up.
+  void find_response_owner(const std::string& id, std::function<void()> then) {
+    const bool plausible = !id.empty() && id.size() <= 256 && std::all_of(id.begin(), id.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+    });
+    struct Lookup {
+      std::size_t pending = 0;
+      bool done = false;
+      std::function<void()> then;
+    };
+    auto lookup = std::make_shared<Lookup>();
+    lookup->then = std::move(then);
+    const auto workers = svc_.registry.snapshot();
+    for (const auto& w : *workers) lookup->pending += plausible && w->healthy();
+    if (lookup->pending == 0) return lookup->then();
+    const auto timeout = std::chrono::milliseconds(static_cast<long long>(svc_.config.health_timeout_s * 1000));
+    for (const auto& w : *workers) {
+      if (!w->healthy()) continue;
+      backends::http_get(
+          stream_.get_executor(), w->endpoint(), "/v1/responses/" + id, timeout,
+          [self = shared_from_this(), lookup, w, id](Result<backends::SimpleResponse> r) {
+            asio::post(self->stream_.get_executor(), [self, lookup, w, id, found = r && r->status == 200] {
+              --lookup->pending;
+              if (lookup->done || (!found && lookup->pending > 0)) return;
+              lookup->done = true;
+              if (found) self->svc_.router.remember_response(id, w->id());
+              self->svc_.metrics.response_lookup(found);
+              LOG_DEBUG("request " << self->request_id_ << ": response " << id
+                                   << (found ? " is stored on worker " + w->name() : std::string(" is on no worker")));
+              lookup->then();
+            });
+          },
+          /*body_limit=*/64u << 20);
+    }
+  }
+
+  // Tokenizes the prompt when the chain should be over the workers' token ids, then routes.
+  void prepare_route(RoutableRequest parsed, std::chrono::steady_clock::time_point t0) {
+    if (!parsed.tokenize_body.empty()) {
+      if (TokenIds cached = svc_.tokenize_cache.get(parsed.tokenize_key)) {
+        use_token_ids(parsed, *cached, svc_.config.block_tokens);
         svc_.metrics.tokenized("cache_hit", 0.0);
-        return route_parsed(std::move(*parsed), t0);
+        return route_parsed(std::move(parsed), t0);
       }
-      auto worker = svc_.router.any_healthy(parsed->model);  // the model's tokenizer
+      auto worker = svc_.router.any_healthy(parsed.model);  // the model's tokenizer
       if (worker) {
-        auto request = std::make_shared<RoutableRequest>(std::move(*parsed));
+        auto request = std::make_shared<RoutableRequest>(std::move(parsed));
         const std::string body = request->tokenize_body;
         const auto timeout = std::chrono::milliseconds(static_cast<long long>(svc_.config.tokenize_timeout_s * 1000));
         backends::http_post(stream_.get_executor(), worker->endpoint(), "/tokenize", body, timeout,
@@ -387,7 +439,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
         return;
       }
     }
-    route_parsed(std::move(*parsed), t0);
+    route_parsed(std::move(parsed), t0);
   }
 
   void on_tokenized(RoutableRequest request, std::chrono::steady_clock::time_point t0,
@@ -795,6 +847,13 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     decision_->start = t0;
     note_decision();
     forward(decision_->worker);
+  }
+
+  void forward_to_response_owner(const std::string& id) {
+    if (const auto owner = svc_.router.response_owner(id)) {
+      if (auto worker = svc_.registry.find(*owner); worker && worker->healthy()) return forward(std::move(worker));
+    }
+    forward_to_least_loaded();
   }
 
   // A route passed through as it is (no prefix routing): to the least loaded healthy worker.

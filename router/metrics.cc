@@ -32,7 +32,15 @@ RouterMetrics::RouterMetrics()
   index_entries_ = &prometheus::BuildGauge().Name("kvroute_index_entries").Help("(block, worker) entries in the prefix index").Register(*registry_).Add({});
   index_bytes_ = &prometheus::BuildGauge().Name("kvroute_index_bytes").Help("Memory held by the prefix index").Register(*registry_).Add({});
   sessions_ = &prometheus::BuildGauge().Name("kvroute_sessions").Help("Session bindings held").Register(*registry_).Add({});
+  auto& lookups = prometheus::BuildCounter()
+                      .Name("kvroute_response_lookups_total")
+                      .Help("Responses API ids this router had not seen made, looked up on the workers, by result")
+                      .Register(*registry_);
+  lookups_found_ = &lookups.Add({{"result", "found"}});
+  lookups_not_found_ = &lookups.Add({{"result", "not_found"}});
 }
+
+void RouterMetrics::response_lookup(bool found) { (found ? lookups_found_ : lookups_not_found_)->Increment(); }
 
 void RouterMetrics::add_worker(hashing::WorkerId id, const std::string& name) {
   const prometheus::Labels l{{"worker", name}};

@@ -59,6 +59,8 @@ class RouterMetrics {
   void set_sessions(std::size_t n) { sessions_->Set(static_cast<double>(n)); }
   // A /tokenize outcome (cache_hit, tokenized, fallback) and the time it took.
   void tokenized(const std::string& outcome, double seconds);
+  // A Responses API id whose worker this router did not know, looked up on the workers: found or not.
+  void response_lookup(bool found);
 
   std::string serialize() const;
 
@@ -84,6 +86,8 @@ class RouterMetrics {
   prometheus::Gauge* sessions_;
   prometheus::Family<prometheus::Counter>& tokenize_total_;
   prometheus::Histogram* tokenize_seconds_;
+  prometheus::Counter* lookups_found_;
+  prometheus::Counter* lookups_not_found_;
 
   mutable std::mutex mu_;
   std::unordered_map<hashing::WorkerId, std::shared_ptr<WorkerSeries>> workers_;  // guarded by mu_

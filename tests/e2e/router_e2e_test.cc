@@ -1075,6 +1075,40 @@ TEST(RouterE2E, ResponsesContinueOnTheWorkerThatStoresThem) {
   EXPECT_NE(orphan.body.find("resp_unknown"), std::string::npos) << orphan.body;
 }
 
+// Two router replicas in front of the same workers (the chart runs two): a response made through one is
+// continued and read through the other, which looks up the worker that stores it, once.
+TEST(RouterE2E, ResponsesContinueThroughAnotherRouterReplica) {
+  Fleet fleet(3);
+  const int api_b = free_port(), admin_b = free_port();
+  std::vector<std::string> argv{bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api_b), "--admin-listen",
+                                "127.0.0.1:" + std::to_string(admin_b), "--health-interval", "0.2"};
+  for (int i = 0; i < 3; ++i) argv.insert(argv.end(), {"--worker", "http://127.0.0.1:" + std::to_string(fleet.worker_port(i))});
+  Process replica = Process::start(argv, testing::TempDir() + "/kvroute-e2e-replica.log");
+  ASSERT_TRUE(wait_http(api_b, "/ready", 10s));
+
+  json::object body{{"model", "qwen3-8b"}, {"input", "Made through replica A. " + std::string(400, 'a')},
+                    {"max_output_tokens", 3}};
+  auto first = http(fleet.api(), "POST", "/v1/responses", json::serialize(body));
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string owner = first.header("x-kvroute-worker");
+  std::string id(json::parse(first.body).at("id").as_string());
+  for (int turn = 0; turn < 4; ++turn) {
+    json::object next{{"model", "qwen3-8b"}, {"input", "Continued through replica B."}, {"previous_response_id", id},
+                      {"max_output_tokens", 2}};
+    auto r = http(api_b, "POST", "/v1/responses", json::serialize(next));
+    ASSERT_EQ(r.status, 200) << "turn " << turn << ": " << r.body;
+    EXPECT_EQ(r.header("x-kvroute-worker"), owner);
+    id = std::string(json::parse(r.body).at("id").as_string());  // made through B: known to B from now on
+  }
+  auto got = http(api_b, "GET", "/v1/responses/" + std::string(json::parse(first.body).at("id").as_string()));
+  EXPECT_EQ(got.status, 200) << got.body;
+  EXPECT_EQ(got.header("x-kvroute-worker"), owner);
+  // One lookup for the first continuation; the GET of the same id and later turns needed none.
+  EXPECT_EQ(worker_counter(admin_b, "kvroute_response_lookups_total{result=\"found\"}"), 1);
+  EXPECT_EQ(http(api_b, "GET", "/v1/responses/resp_nowhere").status, 404);
+  EXPECT_EQ(worker_counter(admin_b, "kvroute_response_lookups_total{result=\"not_found\"}"), 1);
+}
+
 // The TTFT the router measures (and learns prefill rates from) is the first token's, also when a stream opens
 // with events sent before the prompt is computed: the Responses API's response.created and in_progress.
 TEST(RouterE2E, StreamedTtftIsTheFirstToken) {
