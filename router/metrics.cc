@@ -24,7 +24,7 @@ RouterMetrics::RouterMetrics()
       healthy_(prometheus::BuildGauge().Name("kvroute_worker_healthy").Help("1 when the worker passes health checks").Register(*registry_)),
       kv_usage_(prometheus::BuildGauge().Name("kvroute_worker_kv_usage").Help("KV cache usage the worker last reported (0-1)").Register(*registry_)),
       precise_(prometheus::BuildGauge().Name("kvroute_worker_precise_mode").Help("1 while the worker's KV event stream is live (precise mode), 0 in approximate mode").Register(*registry_)),
-      ttft_(prometheus::BuildHistogram().Name("kvroute_ttft_seconds").Help("Time to first byte of the response, per worker").Register(*registry_)),
+      ttft_(prometheus::BuildHistogram().Name("kvroute_ttft_seconds").Help("Time to the first token, per worker: the first byte of the response body (of a Responses API stream, its first output event)").Register(*registry_)),
       tokenize_total_(prometheus::BuildCounter().Name("kvroute_tokenize_total").Help("Text prompts tokenized through a worker's /tokenize, by outcome (cache_hit, tokenized, fallback)").Register(*registry_)) {
   tokenize_seconds_ = &prometheus::BuildHistogram().Name("kvroute_tokenize_seconds").Help("Latency /tokenize added to routing (cache misses)").Register(*registry_).Add({}, kDecisionBuckets);
   decision_ = &prometheus::BuildHistogram().Name("kvroute_routing_decision_seconds").Help("Time to parse, hash, match and pick").Register(*registry_).Add({}, kDecisionBuckets);
