@@ -244,7 +244,8 @@ void BM_RouterRoute(benchmark::State& state) {
     auto ep = kvroute::backends::parse_worker_url("http://10.0.0." + std::to_string(i + 1) + ":8000");
     if (!ep || !registry.add(*ep)) std::abort();
   }
-  for (const auto& w : *registry.snapshot()) {
+  const auto workers = registry.snapshot();  // kept while walked (worker_registry.h)
+  for (const auto& w : *workers) {
     if (models == 1) w->set_models({"llama-3.1-8b", kModel, "sql-lora"});
     if (models == 2) w->set_models({w->id() % 2 ? std::string(kModel) : std::string("llama-3.1-8b")});
   }

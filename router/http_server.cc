@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -43,6 +44,10 @@ constexpr std::size_t kHeaderLimit = 64 * 1024;
 constexpr std::size_t kRelayChunk = 16 * 1024;
 constexpr std::size_t kClientReadChunk = 16 * 1024;
 constexpr std::size_t kResponseIdHead = 64 * 1024;  // bytes of a Responses API body searched for its id
+// Response id lookups (one GET per worker each) under way at once; beyond this a request is routed without one,
+// so that a flood of made-up ids cannot multiply into a flood of requests to the workers.
+constexpr std::size_t kMaxResponseLookups = 64;
+std::atomic<std::size_t> response_lookups_in_flight{0};
 constexpr std::size_t kUsageTail = 16 * 1024;  // bytes of the response end kept to read `usage` from
 // How long an exchange runs before the router watches its client for a disconnect. Each wait costs a system
 // call (the reactor re-arms the socket), a seventh of all a short relayed request makes; a client that leaves
@@ -393,21 +398,32 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     };
     auto lookup = std::make_shared<Lookup>();
     lookup->then = std::move(then);
-    const auto workers = svc_.registry.snapshot();
-    for (const auto& w : *workers) lookup->pending += plausible && w->healthy();
+    std::vector<std::shared_ptr<backends::Worker>> asked;
+    if (plausible) {
+      const auto workers = svc_.registry.snapshot();
+      for (const auto& w : *workers) {
+        if (w->healthy()) asked.push_back(w);
+      }
+    }
+    lookup->pending = asked.size();
     if (lookup->pending == 0) return lookup->then();
+    if (response_lookups_in_flight.fetch_add(1) >= kMaxResponseLookups) {
+      --response_lookups_in_flight;
+      svc_.metrics.response_lookup("skipped");
+      return lookup->then();
+    }
     const auto timeout = std::chrono::milliseconds(static_cast<long long>(svc_.config.health_timeout_s * 1000));
-    for (const auto& w : *workers) {
-      if (!w->healthy()) continue;
+    for (const auto& w : asked) {
       backends::http_get(
           stream_.get_executor(), w->endpoint(), "/v1/responses/" + id, timeout,
           [self = shared_from_this(), lookup, w, id](Result<backends::SimpleResponse> r) {
             asio::post(self->stream_.get_executor(), [self, lookup, w, id, found = r && r->status == 200] {
               --lookup->pending;
+              if (lookup->pending == 0) --response_lookups_in_flight;
               if (lookup->done || (!found && lookup->pending > 0)) return;
               lookup->done = true;
               if (found) self->svc_.router.remember_response(id, w->id());
-              self->svc_.metrics.response_lookup(found);
+              self->svc_.metrics.response_lookup(found ? "found" : "not_found");
               LOG_DEBUG("request " << self->request_id_ << ": response " << id
                                    << (found ? " is stored on worker " + w->name() : std::string(" is on no worker")));
               lookup->then();

@@ -38,9 +38,12 @@ RouterMetrics::RouterMetrics()
                       .Register(*registry_);
   lookups_found_ = &lookups.Add({{"result", "found"}});
   lookups_not_found_ = &lookups.Add({{"result", "not_found"}});
+  lookups_skipped_ = &lookups.Add({{"result", "skipped"}});
 }
 
-void RouterMetrics::response_lookup(bool found) { (found ? lookups_found_ : lookups_not_found_)->Increment(); }
+void RouterMetrics::response_lookup(std::string_view result) {
+  (result == "found" ? lookups_found_ : result == "not_found" ? lookups_not_found_ : lookups_skipped_)->Increment();
+}
 
 void RouterMetrics::add_worker(hashing::WorkerId id, const std::string& name) {
   const prometheus::Labels l{{"worker", name}};

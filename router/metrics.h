@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include <prometheus/counter.h>
@@ -59,8 +60,9 @@ class RouterMetrics {
   void set_sessions(std::size_t n) { sessions_->Set(static_cast<double>(n)); }
   // A /tokenize outcome (cache_hit, tokenized, fallback) and the time it took.
   void tokenized(const std::string& outcome, double seconds);
-  // A Responses API id whose worker this router did not know, looked up on the workers: found or not.
-  void response_lookup(bool found);
+  // A Responses API id whose worker this router did not know, looked up on the workers: found, not_found,
+  // or skipped (too many lookups under way).
+  void response_lookup(std::string_view result);
 
   std::string serialize() const;
 
@@ -88,6 +90,7 @@ class RouterMetrics {
   prometheus::Histogram* tokenize_seconds_;
   prometheus::Counter* lookups_found_;
   prometheus::Counter* lookups_not_found_;
+  prometheus::Counter* lookups_skipped_;
 
   mutable std::mutex mu_;
   std::unordered_map<hashing::WorkerId, std::shared_ptr<WorkerSeries>> workers_;  // guarded by mu_
