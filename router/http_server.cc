@@ -386,7 +386,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   // Where a Responses API id this router did not see being made is stored: another router replica (the chart
   // runs two) or this one before a restart routed it. Every healthy worker is asked (GET /v1/responses/ID; a
   // worker that does not store it answers 404), the one that has it is remembered, then `then` runs. Ids that
-  // could not be a path segment are not looked up.
+  // could not be a path segment are not looked up, nor any while kMaxResponseLookups are under way.
   void find_response_owner(const std::string& id, std::function<void()> then) {
     const bool plausible = !id.empty() && id.size() <= 256 && std::all_of(id.begin(), id.end(), [](char c) {
       return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
