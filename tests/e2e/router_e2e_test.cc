@@ -1109,6 +1109,39 @@ TEST(RouterE2E, ResponsesContinueThroughAnotherRouterReplica) {
   EXPECT_EQ(worker_counter(admin_b, "kvroute_response_lookups_total{result=\"not_found\"}"), 1);
 }
 
+// Response id lookups are bounded: with 64 under way (here against a worker that accepts connections and never
+// answers), further requests naming unknown ids are routed without one.
+TEST(RouterE2E, ResponseLookupsAreBounded) {
+  const int silent_port = free_port(), api = free_port(), admin = free_port();
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(silent_port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(silent, 1024), 0);  // the kernel completes connections; nothing ever reads them
+  Process router = Process::start({bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
+                                   "127.0.0.1:" + std::to_string(admin), "--worker",
+                                   "http://127.0.0.1:" + std::to_string(silent_port), "--health-timeout", "3",
+                                   "--unhealthy-threshold", "100", "--metrics-interval", "0", "--request-timeout", "1"});
+  ASSERT_TRUE(wait_http(admin, "/metrics", 10s));
+  constexpr int kRequests = 80;
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i) {
+    clients.emplace_back([api, i] {
+      json::object body{{"model", "m"}, {"input", "hi"}, {"previous_response_id", "resp_made_up_" + std::to_string(i)}};
+      http(api, "POST", "/v1/responses", json::serialize(body), {}, 10s);
+    });
+  }
+  for (auto& c : clients) c.join();
+  const double skipped = worker_counter(admin, "kvroute_response_lookups_total{result=\"skipped\"}");
+  const double not_found = counter_reaching(admin, "kvroute_response_lookups_total{result=\"not_found\"}", 64, 5s);
+  EXPECT_GE(skipped, kRequests - 64);
+  EXPECT_LE(not_found, 64);
+  EXPECT_EQ(skipped + not_found, kRequests);
+  ::close(silent);
+}
+
 // The TTFT the router measures (and learns prefill rates from) is the first token's, also when a stream opens
 // with events sent before the prompt is computed: the Responses API's response.created and in_progress.
 TEST(RouterE2E, StreamedTtftIsTheFirstToken) {
