@@ -40,6 +40,20 @@ Result<bool> append_content(const boost::json::value& content, std::size_t index
   }
   return true;
 }
+
+// A Responses API content part as a chat part: input_text and output_text are text; others stay as they are.
+boost::json::value chat_part(const boost::json::value& part) {
+  const auto* obj = part.if_object();
+  if (!obj) return part;
+  const auto* type = obj->if_contains("type");
+  const auto* text = obj->if_contains("text");
+  if (type && type->is_string() && (type->get_string() == "input_text" || type->get_string() == "output_text") &&
+      text && text->is_string()) {
+    return boost::json::object{{"type", "text"}, {"text", *text}};
+  }
+  return part;
+}
+
 }  // namespace
 
 void canonical_json(const boost::json::value& v, std::string& out) {
@@ -126,6 +140,53 @@ Result<std::string> canonical_chat(const boost::json::value& messages, const boo
     ++index;
   }
   return out;
+}
+
+Result<boost::json::array> responses_messages(const boost::json::object& obj) {
+  boost::json::array messages;
+  if (const auto* instructions = obj.if_contains("instructions"); instructions && !instructions->is_null()) {
+    if (!instructions->is_string()) {
+      return make_error("'instructions' must be a string", 400, "invalid_request_error", "invalid_type");
+    }
+    messages.push_back(boost::json::object{{"role", "system"}, {"content", *instructions}});
+  }
+  const auto* input = obj.if_contains("input");
+  if (!input || input->is_null()) {
+    return make_error("'input' is required", 400, "invalid_request_error", "missing_field");
+  }
+  if (input->is_string()) {
+    messages.push_back(boost::json::object{{"role", "user"}, {"content", *input}});
+    return messages;
+  }
+  if (!input->is_array()) {
+    return make_error("'input' must be a string or an array of items", 400, "invalid_request_error", "invalid_type");
+  }
+  if (input->get_array().empty()) {
+    return make_error("'input' must not be empty", 400, "invalid_request_error", "invalid_value");
+  }
+  for (const auto& item : input->get_array()) {
+    const auto* o = item.if_object();
+    if (!o) return make_error("'input' items must be objects", 400, "invalid_request_error", "invalid_type");
+    const auto* role = o->if_contains("role");
+    if (role && role->is_string()) {
+      boost::json::object m{{"role", *role}};
+      if (const auto* content = o->if_contains("content"); content && content->is_array()) {
+        boost::json::array parts;
+        for (const auto& p : content->get_array()) parts.push_back(chat_part(p));
+        m["content"] = std::move(parts);
+      } else if (content) {
+        m["content"] = *content;
+      }
+      messages.push_back(std::move(m));
+      continue;
+    }
+    const auto* type = o->if_contains("type");
+    std::string text;
+    canonical_json(item, text);
+    messages.push_back(
+        boost::json::object{{"role", type && type->is_string() ? type->get_string() : "item"}, {"content", text}});
+  }
+  return messages;
 }
 
 }  // namespace kvroute::hashing

@@ -21,6 +21,13 @@ namespace kvroute::hashing {
 // Messages array (and optional tools array) to canonical routing text; an error names what is malformed.
 Result<std::string> canonical_chat(const boost::json::value& messages, const boost::json::value* tools);
 
+// The chat messages a Responses API request (POST /v1/responses) stands for, for routing (the router) and for
+// rendering (kvroute-sim), which must agree: `instructions` as a system message, then `input` (a string: one
+// user message; an array: its message items by role, their input_text / output_text parts as text parts, and
+// any other item, such as a function call or its output, as a message whose role is the item's type and whose
+// content is the item's canonical JSON). An error names the malformed field (400).
+Result<boost::json::array> responses_messages(const boost::json::object& request);
+
 // Deterministic JSON: object keys sorted bytewise, no insignificant white space.
 void canonical_json(const boost::json::value& v, std::string& out);
 

@@ -62,60 +62,6 @@ Result<bool> read_token_ids(const json::array& arr, std::vector<std::uint32_t>& 
   return true;
 }
 
-// A Responses API content part as a chat part: input_text and output_text are text; others stay as they are.
-json::value chat_part(const json::value& part) {
-  const auto* obj = part.if_object();
-  if (!obj) return part;
-  const auto* type = obj->if_contains("type");
-  const auto* text = obj->if_contains("text");
-  if (type && type->is_string() && (type->get_string() == "input_text" || type->get_string() == "output_text") &&
-      text && text->is_string()) {
-    return json::object{{"type", "text"}, {"text", *text}};
-  }
-  return part;
-}
-
-// The chat messages a Responses API request stands for: `instructions` as a system message, then `input` (a
-// string: one user message; an array: its message items by role, any other item, such as a function call or
-// its output, as a message of its type whose content is the item's canonical JSON).
-Result<json::array> responses_messages(const json::object& obj) {
-  json::array messages;
-  if (const auto* instructions = obj.if_contains("instructions"); instructions && !instructions->is_null()) {
-    if (!instructions->is_string()) return field_error("instructions", "must be a string");
-    messages.push_back(json::object{{"role", "system"}, {"content", *instructions}});
-  }
-  const auto* input = obj.if_contains("input");
-  if (!input || input->is_null()) return field_error("input", "is required", "missing_field");
-  if (input->is_string()) {
-    messages.push_back(json::object{{"role", "user"}, {"content", *input}});
-    return messages;
-  }
-  if (!input->is_array()) return field_error("input", "must be a string or an array of items");
-  if (input->get_array().empty()) return field_error("input", "must not be empty", "invalid_value");
-  for (const auto& item : input->get_array()) {
-    const auto* o = item.if_object();
-    if (!o) return field_error("input", "items must be objects");
-    const auto* role = o->if_contains("role");
-    if (role && role->is_string()) {
-      json::object m{{"role", *role}};
-      if (const auto* content = o->if_contains("content"); content && content->is_array()) {
-        json::array parts;
-        for (const auto& p : content->get_array()) parts.push_back(chat_part(p));
-        m["content"] = std::move(parts);
-      } else if (content) {
-        m["content"] = *content;
-      }
-      messages.push_back(std::move(m));
-      continue;
-    }
-    const auto* type = o->if_contains("type");
-    std::string text;
-    hashing::canonical_json(item, text);
-    messages.push_back(json::object{{"role", type && type->is_string() ? type->get_string() : "item"}, {"content", text}});
-  }
-  return messages;
-}
-
 // Responses API function tools ({"type":"function","name",...}) in the chat shape ({"type":"function",
 // "function":{...}}) that /tokenize renders; built-in tools (web search, ...) have no chat counterpart.
 json::array chat_tools(const json::array& tools) {
@@ -211,7 +157,7 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
         if (!prev->is_string()) return field_error("previous_response_id", "must be a string");
         r.previous_response_id = prev->get_string();
       }
-      auto items = responses_messages(*obj);
+      auto items = hashing::responses_messages(*obj);
       if (!items) return items.error();
       converted = std::move(*items);
       messages = &converted;

@@ -116,22 +116,19 @@ std::optional<Error> check_item_content(const json::value* content, const std::s
   return std::nullopt;
 }
 
-// The chat messages a Responses request stands for, in the shape the router also derives (and may send to
-// /tokenize): `instructions` as a system message, then `input`: a string is one user message; an array holds
-// message items (by role) and other items (a function call, its output, ...), each rendered as a message
-// whose role is the item's type and whose content is the item's canonical JSON.
+// The chat messages a Responses request stands for (hashing::responses_messages, the shape the router also
+// derives and may send to /tokenize), after the checks vLLM makes of `instructions` and `input`, with its kind
+// of messages: item roles are user, system, developer or assistant; a message's content is a string or parts;
+// any other item has a string `type`.
 Result<json::array> responses_messages(const json::object& o) {
-  json::array messages;
-  if (const auto* ins = o.if_contains("instructions"); ins != nullptr && !ins->is_null()) {
-    if (!ins->is_string()) return make_error("'instructions' must be a string");
-    messages.push_back(json::object{{"role", "system"}, {"content", *ins}});
+  if (const auto* ins = o.if_contains("instructions"); ins != nullptr && !ins->is_null() && !ins->is_string()) {
+    return make_error("'instructions' must be a string");
   }
   const auto* input = o.if_contains("input");
   if (input == nullptr || input->is_null()) return make_error("'input' is required");
   if (const auto* text = input->if_string()) {
     if (text->empty()) return make_error("'input' must not be empty");
-    messages.push_back(json::object{{"role", "user"}, {"content", *text}});
-    return messages;
+    return hashing::responses_messages(o);
   }
   const auto* items = input->if_array();
   if (items == nullptr) return make_error("'input' must be a string or an array of input items");
@@ -145,18 +142,13 @@ Result<json::array> responses_messages(const json::object& o) {
       if (r == nullptr || (*r != "user" && *r != "system" && *r != "developer" && *r != "assistant")) {
         return make_error(where + ".role must be one of 'user', 'system', 'developer', 'assistant'");
       }
-      const auto* content = item->if_contains("content");
-      if (auto e = check_item_content(content, where + ".content")) return *e;
-      messages.push_back(json::object{{"role", *r}, {"content", *content}});
+      if (auto e = check_item_content(item->if_contains("content"), where + ".content")) return *e;
       continue;
     }
     const auto* type = item->if_contains("type");
     if (type == nullptr || !type->is_string()) return make_error(where + " must have a 'role' or a string 'type'");
-    std::string text;
-    hashing::canonical_json((*items)[i], text);
-    messages.push_back(json::object{{"role", *type}, {"content", std::move(text)}});
   }
-  return messages;
+  return hashing::responses_messages(o);
 }
 
 }  // namespace
