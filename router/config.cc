@@ -191,11 +191,15 @@ const std::vector<Option>& options() {
        DOUBLE_OPT(session_ttl_s, 0.001, 1e7)},
       {"session-margin", "SECONDS", "keep a session's worker unless its estimate is worse than the best by more (default 0.25)",
        DOUBLE_OPT(session_margin_s, 0, 1e6)},
+      {"max-sessions", "N",
+       "session bindings held at most, about 140 bytes each plus keys over 15 bytes; beyond it the least recently used is forgotten "
+       "(default 250000)",
+       INT_OPT(std::size_t, max_sessions, 1, 100'000'000)},
       {"tenant-header", "NAME", "request header naming the tenant; isolates cache namespaces (default x-tenant-id)",
        [](Config& c, const std::string& v) { c.tenant_header = v; return std::optional<std::string>(); }},
       {"response-ids", "N",
        "Responses API ids remembered with the worker that stored them, so that a request naming one as "
-       "previous_response_id goes there (default 100000; the oldest are forgotten first)",
+       "previous_response_id goes there (default 100000; the least recently seen are forgotten first)",
        INT_OPT(std::size_t, response_ids, 1, 100'000'000)},
       {"kv-events-topic", "PREFIX", "ZMQ topic prefix of the workers' KV events (default: all topics)",
        [](Config& c, const std::string& v) { c.kv_events_topic = v; return std::optional<std::string>(); }},

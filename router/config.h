@@ -59,6 +59,10 @@ struct Config {
   std::string session_header = "x-session-id";
   double session_ttl_s = 600;
   double session_margin_s = 0.25;  // policy::PolicyOptions explains the default
+  // Session bindings held at most (about 140 bytes each, plus keys longer than 15 bytes); beyond it the least
+  // recently used is forgotten. Clients that send a new session id or `user` with every request would
+  // otherwise grow the map for a whole --session-ttl.
+  std::size_t max_sessions = 250000;
   std::string tenant_header = "x-tenant-id";
   // Responses API: response ids remembered with the worker that stored them (previous_response_id).
   std::size_t response_ids = 100000;

@@ -32,6 +32,11 @@ RouterMetrics::RouterMetrics()
   index_entries_ = &prometheus::BuildGauge().Name("kvroute_index_entries").Help("(block, worker) entries in the prefix index").Register(*registry_).Add({});
   index_bytes_ = &prometheus::BuildGauge().Name("kvroute_index_bytes").Help("Memory held by the prefix index").Register(*registry_).Add({});
   sessions_ = &prometheus::BuildGauge().Name("kvroute_sessions").Help("Session bindings held").Register(*registry_).Add({});
+  sessions_evicted_ = &prometheus::BuildCounter()
+                           .Name("kvroute_sessions_evicted_total")
+                           .Help("Session bindings forgotten before their TTL because --max-sessions were held")
+                           .Register(*registry_)
+                           .Add({});
   auto& lookups = prometheus::BuildCounter()
                       .Name("kvroute_response_lookups_total")
                       .Help("Responses API ids this router had not seen made, looked up on the workers, by result")

@@ -33,7 +33,12 @@ void keep_serving(const backends::WorkerList& workers, std::string_view model, s
 
 Router::Router(const Config& config, backends::WorkerRegistry& registry,
                std::unique_ptr<policy::RoutingPolicy> policy, RouterMetrics& metrics)
-    : config_(config), registry_(registry), policy_(std::move(policy)), metrics_(metrics) {
+    : config_(config),
+      registry_(registry),
+      policy_(std::move(policy)),
+      metrics_(metrics),
+      sessions_(config.max_sessions),
+      response_owners_(config.response_ids) {
   registry_.subscribe({
       [this](const backends::Worker& w) {
         metrics_.add_worker(w.id(), w.name());
@@ -48,10 +53,10 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
         metrics_.remove_worker(w.id());
         {
           std::lock_guard lock(sessions_mu_);
-          std::erase_if(sessions_, [&](const auto& kv) { return kv.second.worker == w.id(); });
+          sessions_.erase_if([&](const Binding& b) { return b.worker == w.id(); });
         }
         std::lock_guard lock(responses_mu_);
-        std::erase_if(response_owners_, [&](const auto& kv) { return kv.second == w.id(); });
+        response_owners_.erase_if([&](hashing::WorkerId owner) { return owner == w.id(); });
       },
   });
 }
@@ -173,19 +178,14 @@ void Router::match_prefix(const RoutableRequest& request, hashing::PrefixIndex::
 
 void Router::remember_response(std::string id, hashing::WorkerId worker) {
   std::lock_guard lock(responses_mu_);
-  const auto [it, added] = response_owners_.insert_or_assign(id, worker);
-  if (added) response_order_.push_back(std::move(id));
-  while (response_order_.size() > std::max<std::size_t>(config_.response_ids, 1)) {
-    response_owners_.erase(response_order_.front());
-    response_order_.pop_front();
-  }
+  response_owners_.put(id, worker);
 }
 
 std::optional<hashing::WorkerId> Router::response_owner(const std::string& id) const {
   std::lock_guard lock(responses_mu_);
-  const auto it = response_owners_.find(id);
-  if (it == response_owners_.end()) return std::nullopt;
-  return it->second;
+  const hashing::WorkerId* owner = response_owners_.find(id);
+  if (!owner) return std::nullopt;
+  return *owner;
 }
 
 std::shared_ptr<backends::Worker> Router::any_healthy(std::string_view model) const {
@@ -253,16 +253,16 @@ void Router::complete(Decision& d, const Outcome& outcome) {
 
 void Router::bind_session(const std::string& key, hashing::WorkerId worker) {
   const auto now = std::chrono::steady_clock::now();
-  std::lock_guard lock(sessions_mu_);
-  sessions_[key] = Binding{worker, now};
-  if (now >= next_sweep_) expire_sessions(now);
-}
-
-void Router::expire_sessions(std::chrono::steady_clock::time_point now) {
   const auto ttl = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(config_.session_ttl_s));
-  std::erase_if(sessions_, [&](const auto& kv) { return now - kv.second.last_used > ttl; });
-  next_sweep_ = now + std::min<std::chrono::steady_clock::duration>(ttl, std::chrono::seconds(10));
+  std::size_t evicted = 0;
+  {
+    std::lock_guard lock(sessions_mu_);
+    evicted = sessions_.put(key, Binding{worker, now});
+    // Bindings are ordered by last use, so the expired ones are all at the old end.
+    sessions_.drop_oldest_while([&](const Binding& b) { return now - b.last_used > ttl; });
+  }
+  if (evicted > 0) metrics_.sessions_evicted(evicted);
 }
 
 std::optional<hashing::WorkerId> Router::session_worker(const std::string& key) const {
@@ -270,9 +270,9 @@ std::optional<hashing::WorkerId> Router::session_worker(const std::string& key) 
   const auto ttl = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(config_.session_ttl_s));
   std::lock_guard lock(sessions_mu_);
-  auto it = sessions_.find(key);
-  if (it == sessions_.end() || now - it->second.last_used > ttl) return std::nullopt;
-  return it->second.worker;
+  const Binding* b = sessions_.find(key);
+  if (!b || now - b->last_used > ttl) return std::nullopt;
+  return b->worker;
 }
 
 std::size_t Router::session_count() const {

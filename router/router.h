@@ -11,12 +11,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 
 #include "backends/worker_registry.h"
 #include "hashing/prefix_index.h"
@@ -25,6 +23,7 @@
 #include "router/config.h"
 #include "router/metrics.h"
 #include "router/request.h"
+#include "util/recency_map.h"
 
 namespace kvroute::router {
 
@@ -90,7 +89,6 @@ class Router {
   };
   void match_prefix(const RoutableRequest& request, hashing::PrefixIndex::Match& out) const;
   void bind_session(const std::string& key, hashing::WorkerId worker);
-  void expire_sessions(std::chrono::steady_clock::time_point now);  // caller holds sessions_mu_
 
   const Config& config_;
   backends::WorkerRegistry& registry_;
@@ -100,13 +98,13 @@ class Router {
   policy::RateLearner learner_;
   std::atomic<std::uint64_t> sequence_{0};
 
+  // At most --max-sessions bindings, the least recently used forgotten first; idle ones expire off the old end.
   mutable std::mutex sessions_mu_;
-  std::unordered_map<std::string, Binding> sessions_;         // guarded by sessions_mu_
-  std::chrono::steady_clock::time_point next_sweep_;          // guarded by sessions_mu_
+  util::RecencyMap<Binding> sessions_;  // guarded by sessions_mu_
 
+  // The newest --response-ids ids (the least recently seen forgotten first).
   mutable std::mutex responses_mu_;
-  std::unordered_map<std::string, hashing::WorkerId> response_owners_;  // guarded by responses_mu_
-  std::deque<std::string> response_order_;  // ids oldest first, for forgetting; guarded by responses_mu_
+  util::RecencyMap<hashing::WorkerId> response_owners_;  // guarded by responses_mu_
 };
 
 }  // namespace kvroute::router

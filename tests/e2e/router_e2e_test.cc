@@ -47,12 +47,15 @@ std::string chat_body(const json::array& messages, int max_tokens, bool stream =
 }
 
 // The first series of the counter `name` on the /metrics of the worker on `port`, -1 when it is missing.
+// `name` may carry the start of the labels ("x_total{") or a trailing space (a series without labels).
 double worker_counter(int port, const std::string& name) {
   const std::string m = http(port, "GET", "/metrics").body;
-  const auto pos = m.find(name);
-  if (pos == std::string::npos) return -1;
-  const auto line = m.substr(pos, m.find('\n', pos) - pos);
-  return std::stod(line.substr(line.rfind(' ') + 1));
+  for (auto pos = m.find(name); pos != std::string::npos; pos = m.find(name, pos + 1)) {
+    if (pos != 0 && m[pos - 1] != '\n') continue;  // inside a # HELP or # TYPE line
+    const auto line = m.substr(pos, m.find('\n', pos) - pos);
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
 }
 
 // The counter once it has reached `value`, or when `wait` has passed: the router counts a request when it
@@ -416,6 +419,32 @@ TEST(RouterE2E, SessionHeaderBindsToOneWorker) {
     seen.insert(r.header("x-kvroute-worker"));
   }
   EXPECT_EQ(seen.size(), 1u);
+}
+
+// --max-sessions bounds the bindings: the least recently used one is forgotten, counted, and its next request
+// is routed afresh, while the bindings in use stay.
+TEST(RouterE2E, SessionBindingsAreBounded) {
+  Fleet fleet(2, {"--policy", "round_robin", "--max-sessions", "2"});
+  auto send = [&](const std::string& session) {
+    json::object body{{"model", "qwen3-8b"}, {"prompt", "a prompt of " + session}, {"max_tokens", 1}};
+    auto r = http(fleet.api(), "POST", "/v1/completions", json::serialize(body), {{"x-session-id", session}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.header("x-kvroute-worker");
+  };
+  // Round robin alternates the two workers for requests without a binding.
+  const std::string a = send("a");  // request 0
+  const std::string b = send("b");  // request 1
+  ASSERT_NE(a, b);
+  EXPECT_EQ(send("a"), a);          // request 2: bound, where round robin would have taken b's; b is now the
+                                    // least recently used
+  EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_sessions_evicted_total "), 0);
+  EXPECT_EQ(send("c"), b);          // request 3: a third binding, so b's is forgotten
+  EXPECT_EQ(counter_reaching(fleet.admin(), "kvroute_sessions_evicted_total ", 1), 1);
+  EXPECT_EQ(send("b"), a);          // request 4: routed afresh (round robin's turn is a's worker); a's binding,
+                                    // now the least recently used, is forgotten
+  EXPECT_EQ(send("b"), a);          // request 5: bound, where round robin would have taken b's old worker
+  EXPECT_EQ(counter_reaching(fleet.admin(), "kvroute_sessions_evicted_total ", 2), 2);
+  EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_sessions "), 2);  // c and b
 }
 
 TEST(RouterE2E, BadInputGetsClearErrorsAndServingContinues) {

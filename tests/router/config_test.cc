@@ -22,6 +22,8 @@ TEST(Config, DefaultsMatchTheDocumentation) {
   EXPECT_EQ(c->session_header, "x-session-id");
   EXPECT_DOUBLE_EQ(c->session_margin_s, 0.25);
   EXPECT_EQ(c->worker_max_seqs, 256u);
+  EXPECT_EQ(c->max_sessions, 250000u);
+  EXPECT_EQ(c->response_ids, 100000u);
   EXPECT_TRUE(c->workers.empty());
 }
 
@@ -41,7 +43,7 @@ TEST(Config, YamlFileThenFlagsOverride) {
   const std::string path = testing::TempDir() + "/kvroute-config-test.yaml";
   std::ofstream(path) << "policy: cache_aware\nlisten: 127.0.0.1:7000\nworkers:\n  - http://127.0.0.1:9001\n"
                          "  - url: http://127.0.0.1:9002\n    kv_events: tcp://127.0.0.1:5557\nhealth_interval: 0.5\n"
-                         "worker_max_seqs: 512\n";
+                         "worker_max_seqs: 512\nmax_sessions: 1000\n";
   auto c = parse({"--config", path, "--listen", "127.0.0.1:7001"});
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_EQ(c->policy, "cache_aware");
@@ -50,6 +52,7 @@ TEST(Config, YamlFileThenFlagsOverride) {
   EXPECT_EQ(c->workers[1].kv_events, "tcp://127.0.0.1:5557");
   EXPECT_DOUBLE_EQ(c->health_interval_s, 0.5);
   EXPECT_EQ(c->worker_max_seqs, 512u);
+  EXPECT_EQ(c->max_sessions, 1000u);
   // --worker flags replace the file's list.
   c = parse({"--config", path, "--worker", "http://127.0.0.1:9009"});
   ASSERT_TRUE(c);
@@ -102,6 +105,7 @@ TEST(Config, ErrorsNameTheOptionAndValue) {
       {{"--worker", "http://host:99999"}, "port must be a number"},
       {{"--threads", "-1"}, "--threads"},
       {{"--session-ttl", "soon"}, "'soon' is not a number"},
+      {{"--max-sessions", "0"}, "--max-sessions"},
       {{"--bogus", "1"}, "unknown option --bogus"},
       {{"--listen"}, "needs a value"},
       {{"stray"}, "unexpected argument 'stray'"},

@@ -61,6 +61,7 @@ policy: {{ .Values.policy | quote }}
 session_header: {{ .Values.session.header | quote }}
 session_ttl: {{ .Values.session.ttlSeconds | quote }}
 session_margin: {{ .Values.session.marginSeconds | quote }}
+max_sessions: {{ .Values.session.maxSessions | quote }}
 tenant_header: {{ .Values.session.tenantHeader | quote }}
 health_interval: {{ .Values.health.intervalSeconds | quote }}
 health_timeout: {{ .Values.health.timeoutSeconds | quote }}

@@ -1,0 +1,98 @@
+// RecencyMap: a string-keyed map that holds at most `capacity` entries and forgets the least recently put one
+// first. The router keeps session bindings and Responses API owners in it, so that clients minting new keys
+// (a fresh session id or `user` per request) cost bounded memory, and time-based expiry pops stale entries
+// off the old end instead of sweeping the whole map under its lock.
+//
+//   RecencyMap<int> m(2);
+//   m.put("a", 1); m.put("b", 2);
+//   m.put("a", 3);                        // "a" is now the most recent
+//   m.put("c", 4);                        // evicts "b", returns 1
+//   m.drop_oldest_while([](const int& v) { return v < 4; });  // drops "a"
+//
+// Not thread-safe: the owner serialises calls.
+#pragma once
+
+#include <cstddef>
+#include <list>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+namespace kvroute::util {
+
+template <class V>
+class RecencyMap {
+ public:
+  explicit RecencyMap(std::size_t capacity) : capacity_(capacity > 0 ? capacity : 1) {}
+  RecencyMap(const RecencyMap&) = delete;
+  RecencyMap& operator=(const RecencyMap&) = delete;
+
+  // Inserts or replaces the value of `key`, which becomes the most recent entry. Returns how many entries were
+  // evicted to stay within capacity (0 or 1).
+  std::size_t put(std::string_view key, V value) {
+    if (auto it = index_.find(key); it != index_.end()) {
+      it->second->second = std::move(value);
+      order_.splice(order_.begin(), order_, it->second);
+      return 0;
+    }
+    order_.emplace_front(std::string(key), std::move(value));
+    index_.emplace(order_.front().first, order_.begin());  // the view points into the list node, which stays put
+    std::size_t evicted = 0;
+    while (order_.size() > capacity_) {
+      pop_oldest();
+      ++evicted;
+    }
+    return evicted;
+  }
+
+  // The value of `key`, or null; does not change recency.
+  const V* find(std::string_view key) const {
+    const auto it = index_.find(key);
+    return it == index_.end() ? nullptr : &it->second->second;
+  }
+
+  // Drops entries from the least recent end while `pred(value)` holds; returns how many.
+  template <class Pred>
+  std::size_t drop_oldest_while(Pred pred) {
+    std::size_t n = 0;
+    while (!order_.empty() && pred(order_.back().second)) {
+      pop_oldest();
+      ++n;
+    }
+    return n;
+  }
+
+  // Drops every entry whose value satisfies `pred`; returns how many.
+  template <class Pred>
+  std::size_t erase_if(Pred pred) {
+    std::size_t n = 0;
+    for (auto it = order_.begin(); it != order_.end();) {
+      if (!pred(it->second)) {
+        ++it;
+        continue;
+      }
+      index_.erase(std::string_view(it->first));
+      it = order_.erase(it);
+      ++n;
+    }
+    return n;
+  }
+
+  std::size_t size() const { return order_.size(); }
+  std::size_t capacity() const { return capacity_; }
+
+ private:
+  using Order = std::list<std::pair<std::string, V>>;
+
+  void pop_oldest() {
+    index_.erase(std::string_view(order_.back().first));
+    order_.pop_back();
+  }
+
+  std::size_t capacity_;
+  Order order_;  // most recent first
+  std::unordered_map<std::string_view, typename Order::iterator> index_;
+};
+
+}  // namespace kvroute::util
