@@ -101,6 +101,24 @@ class PreciseFleet {
     }
   }
 
+  // Whether the router's entries for every worker equal the blocks the worker reports holding.
+  bool index_equals_workers() const {
+    for (int i = 0; i < 3; ++i) {
+      auto truth = json::parse(http(sim_ + i, "GET", "/debug/kv_blocks").body);
+      auto view = json::parse(
+          http(admin_, "GET", "/admin/workers/127.0.0.1:" + std::to_string(sim_ + i) + "/blocks").body);
+      if (strings(view, {"gpu", "cpu", "predicted"}) != strings(truth, {"gpu", "cpu"})) return false;
+    }
+    return true;
+  }
+
+  // Waits (up to `limit`) for the last KV events to reach the router: until its index equals what the workers
+  // hold. A fixed sleep is too short on a loaded machine (sanitizer builds, parallel tests).
+  void wait_for_events(std::chrono::milliseconds limit = 5s) const {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (!index_equals_workers() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(50ms);
+  }
+
   // Checks that the router's entries for every worker equal the blocks the worker reports holding; returns
   // how many GPU blocks the workers hold in all.
   std::size_t expect_index_equals_workers() const {
@@ -141,7 +159,7 @@ TEST(PreciseE2E, RouterIndexEqualsWhatWorkersHoldAfterEvictingBurst) {
   PreciseFleet fleet(/*events=*/true);
   fleet.wait_live();
   fleet.burst(150);
-  std::this_thread::sleep_for(500ms);  // let the last events arrive
+  fleet.wait_for_events();
   EXPECT_GT(fleet.expect_index_equals_workers(), 300u);  // the pools were full: eviction happened
   const Truth t = fleet.truth();
   std::printf("precise mode: recall %.4f, false %.4f, hit rate %.3f\n", t.recall, t.false_rate, t.hit_rate);
@@ -170,7 +188,7 @@ TEST(PreciseE2E, ChatTextIsTokenizedByTheWorkersAndPredictedExactly) {
     auto v = json::parse(r.body);
     messages.push_back(json::object{{"role", "assistant"},
                                     {"content", v.at("choices").at(0).at("message").at("content")}});
-    std::this_thread::sleep_for(50ms);  // the turn's KV events reach the router before the next turn
+    fleet.wait_for_events();  // the turn's KV events reach the router before the next turn
   }
   const std::string m = http(fleet.admin(), "GET", "/metrics").body;
   EXPECT_GE(metric_sum(m, "kvroute_tokenize_total"), 5.0);
@@ -195,7 +213,7 @@ TEST(PreciseE2E, NativeEventStreamKeepsRouterIndexExactAfterEvictingBurst) {
   PreciseFleet fleet(/*events=*/true, "native", {"--metrics-interval", "0"});  // telemetry from load reports only
   fleet.wait_live();
   fleet.burst(150);
-  std::this_thread::sleep_for(500ms);  // let the last events arrive
+  fleet.wait_for_events();
   EXPECT_GT(fleet.expect_index_equals_workers(), 300u);  // the pools were full: eviction happened
   double evictions = 0;
   for (int i = 0; i < 3; ++i) {
@@ -231,7 +249,7 @@ TEST(PreciseE2E, WorkersAddedThroughTheAdminApiWithTheirEvents) {
   EXPECT_EQ(http(fleet.admin(), "POST", "/admin/workers", R"({"url":"http://127.0.0.1:1","dp_size":0})").status, 400);
   fleet.wait_live();
   fleet.burst(150);
-  std::this_thread::sleep_for(500ms);  // let the last events arrive
+  fleet.wait_for_events();
   EXPECT_GT(fleet.expect_index_equals_workers(), 300u);
   auto workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body).at("workers").as_array();
   ASSERT_EQ(workers.size(), 3u);
