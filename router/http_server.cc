@@ -336,7 +336,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       if (path.starts_with("/v1/responses/")) {
         const std::string_view rest = path.substr(std::string_view("/v1/responses/").size());
         std::string id(rest.substr(0, rest.find('/')));
-        if (svc_.router.response_owner(id)) return forward_to_response_owner(id);
+        if (const auto owner = svc_.router.response_owner(id)) return forward_to_owner(*owner);
         return find_response_owner(id, [self = shared_from_this(), id] { self->forward_to_response_owner(id); });
       }
       return forward_to_least_loaded();
@@ -866,9 +866,14 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   void forward_to_response_owner(const std::string& id) {
-    if (const auto owner = svc_.router.response_owner(id)) {
-      if (auto worker = svc_.registry.find(*owner); worker && worker->healthy()) return forward(std::move(worker));
-    }
+    if (const auto owner = svc_.router.response_owner(id)) return forward_to_owner(*owner);
+    forward_to_least_loaded();
+  }
+
+  // To the worker that stores a response; when it is gone or unhealthy, as any passed-through route (the
+  // worker that gets it answers that it has no such response).
+  void forward_to_owner(hashing::WorkerId owner) {
+    if (auto worker = svc_.registry.find(owner); worker && worker->healthy()) return forward(std::move(worker));
     forward_to_least_loaded();
   }
 
