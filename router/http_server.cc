@@ -832,7 +832,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       // The usage event the relay removed; else the response's end (a worker may put usage in its last
       // token event instead).
       o.usage = stream_usage_ ? stream_usage_ : find_usage(tail_);
-      if (decision_->first_byte_seen) access_.ttft_s = decision_->ttft_s;
+      if (decision_->first_byte_seen && !decision_->background) access_.ttft_s = decision_->ttft_s;
       access_.usage = o.usage;
       svc_.router.complete(*decision_, o);
       decision_.reset();

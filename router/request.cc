@@ -157,6 +157,10 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
         if (!prev->is_string()) return field_error("previous_response_id", "must be a string");
         r.previous_response_id = prev->get_string();
       }
+      if (const auto* bg = obj->if_contains("background"); bg && !bg->is_null()) {
+        if (!bg->is_bool()) return field_error("background", "must be a boolean");
+        r.background = bg->get_bool();
+      }
       auto items = hashing::responses_messages(*obj);
       if (!items) return items.error();
       converted = std::move(*items);

@@ -41,6 +41,7 @@ struct RoutableRequest {
   std::uint32_t max_tokens = 0;    // 0: not given
   std::string session_key;         // header, else the OpenAI `user` field; empty: no session
   std::string previous_response_id;  // Responses API: the stored response this request continues
+  bool background = false;         // Responses API: answered at once ("queued"); the worker runs it later
   std::string namespace_salt;      // tenant header and/or cache_salt
   std::string affinity_key;        // model + first 100 characters of the first user message (or prompt)
   hashing::BlockChain chain;

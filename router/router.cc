@@ -136,6 +136,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   d.session_key = request.session_key;
   d.start = t0;
   d.streamed = request.stream;
+  d.background = request.background;
   const policy::WorkerView& chosen = views[pick->worker];
   d.queue_s = static_cast<double>(chosen.pending_prefill_tokens) / std::max(chosen.prefill_tokens_per_s, 1.0);
   d.decode_context_tokens = chosen.active_decode_tokens;
@@ -207,7 +208,7 @@ void Router::first_byte(Decision& d) {
   d.first_byte_at = std::chrono::steady_clock::now();
   d.ttft_s = std::chrono::duration<double>(d.first_byte_at - d.start).count();
   d.worker->first_token(d.uncached_tokens, d.prompt_tokens);
-  if (d.worker->removed()) return;  // its id may be another worker's (complete() explains)
+  if (d.worker->removed() || d.background) return;  // removed: its id may be another worker's (complete())
   if (auto s = metrics_.worker(d.worker->id())) s->ttft->Observe(d.ttft_s);
 }
 

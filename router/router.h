@@ -38,6 +38,9 @@ struct Decision {
   double ttft_s = 0;
   std::chrono::steady_clock::time_point first_byte_at;
   bool streamed = false;           // the first byte is the first token (server-sent events)
+  // A Responses API request run in the background: its answer ("queued") comes before any token, so it has no
+  // TTFT, no usage, and its load leaves the router's count when that answer does.
+  bool background = false;
   double queue_s = 0;              // prefill work the router believed queued ahead at dispatch (seconds)
   std::uint64_t decode_context_tokens = 0;  // the worker's active decode tokens at dispatch
   std::vector<hashing::BlockHash> expected;  // precise mode: blocks predicted at dispatch, settled at the end

@@ -72,6 +72,18 @@ const helper = client.responses.stream({
 const final = await helper.finalResponse();
 assert.equal(final.usage.output_tokens, 3);
 assert.ok(final.output[0].content[0].text.length > 0, "accumulated response text");
+// In the background: answered at once, polled until done, and cancelled, each on the worker running it.
+let job = await client.responses.create({ model, input: "Think it over.", max_output_tokens: 20, background: true });
+assert.equal(job.status, "queued");
+for (let i = 0; i < 300 && job.status !== "completed"; i++) {
+  await new Promise((resolve) => setTimeout(resolve, 10));
+  job = await client.responses.retrieve(job.id);
+}
+assert.equal(job.status, "completed", "background response completed");
+assert.equal(job.usage.output_tokens, 20);
+const long = await client.responses.create({ model, input: "Go on forever.", max_output_tokens: 30000, background: true });
+await client.responses.cancel(long.id);
+assert.equal((await client.responses.retrieve(long.id)).status, "cancelled", "background response cancelled");
 
 const models = await client.models.list();
 assert.ok(models.data.some((m) => m.id === model), "models list");

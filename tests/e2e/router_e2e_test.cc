@@ -1045,6 +1045,59 @@ TEST(RouterE2E, RequestsGoToWorkersOfTheirModel) {
   EXPECT_EQ(unknown.status, 404) << unknown.body;
 }
 
+// Responses API in the background: the POST is answered at once ("queued"); polling GET /v1/responses/ID and
+// POST /v1/responses/ID/cancel through the router reach the worker running it; the answer is not a TTFT.
+TEST(RouterE2E, BackgroundResponsesArePolledAndCancelledOnTheirWorker) {
+  Fleet fleet(3, {}, /*speed=*/20);
+  auto start = [&](const std::string& input, int tokens) {
+    json::object body{{"model", "qwen3-8b"}, {"input", input}, {"max_output_tokens", tokens}, {"background", true}};
+    auto r = http(fleet.api(), "POST", "/v1/responses", json::serialize(body));
+    EXPECT_EQ(r.status, 200) << r.body;
+    const json::value v = json::parse(r.body);
+    EXPECT_EQ(v.at("status").as_string(), "queued");
+    return std::pair{std::string(v.at("id").as_string()), r.header("x-kvroute-worker")};
+  };
+  const auto [id, owner] = start("Summarise the history of caches. " + std::string(800, 'h'), 50);
+  std::set<std::string> statuses;
+  json::value v;
+  for (int i = 0; i < 300; ++i) {
+    auto got = http(fleet.api(), "GET", "/v1/responses/" + id);
+    ASSERT_EQ(got.status, 200) << got.body;  // every poll reaches the worker that has it
+    EXPECT_EQ(got.header("x-kvroute-worker"), owner);
+    v = json::parse(got.body);
+    statuses.insert(std::string(v.at("status").as_string()));
+    if (v.at("status").as_string() == "completed") break;
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(v.at("status").as_string(), "completed") << v;
+  EXPECT_GE(statuses.size(), 2u);
+  EXPECT_EQ(v.at("usage").at("output_tokens").as_int64(), 50);
+  // Its continuation goes to the same worker, which serves the stored conversation from its cache.
+  json::object next{{"model", "qwen3-8b"}, {"input", "Shorter."}, {"previous_response_id", id}, {"max_output_tokens", 2}};
+  auto cont = http(fleet.api(), "POST", "/v1/responses", json::serialize(next));
+  ASSERT_EQ(cont.status, 200) << cont.body;
+  EXPECT_EQ(cont.header("x-kvroute-worker"), owner);
+  EXPECT_GT(json::parse(cont.body).at("usage").at("input_tokens_details").at("cached_tokens").as_int64(), 100);
+
+  // A long one is cancelled through the router.
+  const auto [long_id, long_owner] = start("Write a very long story. " + std::string(300, 's'), 30000);
+  auto cancel = http(fleet.api(), "POST", "/v1/responses/" + long_id + "/cancel", "");
+  ASSERT_EQ(cancel.status, 200) << cancel.body;
+  EXPECT_EQ(cancel.header("x-kvroute-worker"), long_owner);
+  EXPECT_EQ(json::parse(cancel.body).at("status").as_string(), "cancelled");
+  auto after = http(fleet.api(), "GET", "/v1/responses/" + long_id);
+  EXPECT_EQ(json::parse(after.body).at("status").as_string(), "cancelled");
+  // The answers to background POSTs were not taken for first tokens; the continuation's was.
+  const std::string m = http(fleet.admin(), "GET", "/metrics").body;
+  double ttft_count = 0;
+  for (auto pos = m.find("\nkvroute_ttft_seconds_count"); pos != std::string::npos;
+       pos = m.find("\nkvroute_ttft_seconds_count", pos + 1)) {
+    const auto line = m.substr(pos + 1, m.find('\n', pos + 1) - pos - 1);
+    ttft_count += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  EXPECT_EQ(ttft_count, 1);
+}
+
 // Responses API: a response is stored on the worker that made it, so its continuations (previous_response_id)
 // and reads (GET /v1/responses/ID) must reach that worker; any other answers 404.
 TEST(RouterE2E, ResponsesContinueOnTheWorkerThatStoresThem) {

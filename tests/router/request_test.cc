@@ -274,6 +274,10 @@ TEST(Responses, ContinuationsAndStreams) {
   EXPECT_NE(r->tokenize_body.find(R"("tools":[{"type":"function","function":{"name":"f")"), std::string::npos)
       << r->tokenize_body;
   EXPECT_EQ(r->tokenize_body.find("web_search"), std::string::npos);
+  EXPECT_FALSE(r->background);
+  auto bg = responses(R"({"model":"m","input":"x","background":true})");
+  ASSERT_TRUE(bg) << bg.error().message;
+  EXPECT_TRUE(bg->background);
 }
 
 TEST(Responses, BadInputNamesTheField) {
@@ -285,6 +289,7 @@ TEST(Responses, BadInputNamesTheField) {
            {R"({"model":"m","input":"x","instructions":3})", "'instructions' must be a string"},
            {R"({"model":"m","input":"x","previous_response_id":1})", "'previous_response_id' must be a string"},
            {R"({"model":"m","input":"x","max_output_tokens":-1})", "'max_output_tokens'"},
+           {R"({"model":"m","input":"x","background":"yes"})", "'background' must be a boolean"},
        }) {
     auto r = responses(body);
     ASSERT_FALSE(r) << body;

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <set>
 #include <string_view>
 #include <thread>
 
@@ -459,6 +460,76 @@ TEST_F(SimServerTest, ResponsesGetReturnsTheStoredObject) {
   expect_openai_error(http_call(port(), "POST", "/v1/responses/" + id, "{}"), 405);
   expect_openai_error(http_call(port(), "GET", "/v1/responses"), 405);
   expect_openai_error(http_call(port(), "GET", "/v1/responses/" + id + "/input_items"), 404);
+}
+
+// background=true: the POST answers at once with status "queued"; GET shows the response run to completion;
+// the completed response is what the same request gives without background, and a follow-up continues it.
+TEST_F(SimServerTest, ResponsesInTheBackground) {
+  const json::object body{{"input", long_prompt("responses-background")}, {"max_output_tokens", 200}};
+  json::object bg_body = body;
+  bg_body["background"] = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  HttpReply r = create_response(port(), bg_body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json::value queued = parse(r.body);
+  EXPECT_EQ(queued.at("status").as_string(), "queued");
+  EXPECT_TRUE(queued.at("output").as_array().empty());
+  EXPECT_TRUE(queued.at("usage").is_null());
+  const std::string id(queued.at("id").as_string());
+  // 200 tokens at speed 200 take about 20 ms x 200 / 200 = 20 ms of decode at least; the POST did not wait.
+  json::value v;
+  std::set<std::string> seen;
+  for (int i = 0; i < 500; ++i) {
+    HttpReply got = http_call(port(), "GET", "/v1/responses/" + id);
+    ASSERT_EQ(got.status, 200) << got.body;
+    v = parse(got.body);
+    seen.insert(std::string(v.at("status").as_string()));
+    if (v.at("status").as_string() == "completed") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(v.at("status").as_string(), "completed") << v;
+  EXPECT_GE(seen.size(), 2u) << "the POST answered before the response was done";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_EQ(v.at("usage").at("output_tokens").as_int64(), 200);
+  EXPECT_EQ(v.at("id").as_string(), id);
+  // The same request without background: the same prompt and output (the sim's text depends on the prompt).
+  HttpReply sync = create_response(port(), body);
+  ASSERT_EQ(sync.status, 200) << sync.body;
+  EXPECT_EQ(input_tokens(parse(sync.body)), input_tokens(v));
+  EXPECT_EQ(output_text(parse(sync.body)), output_text(v));
+  // The stored conversation is continued by a follow-up, served from the prefix cache.
+  HttpReply next = create_response(port(), {{"input", "And then?"}, {"previous_response_id", id}, {"max_output_tokens", 2}});
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_GT(input_tokens(parse(next.body)), input_tokens(v));
+  EXPECT_GE(cached_input_tokens(parse(next.body)), input_tokens(v) / 16 * 16);
+  // A finished response cannot be cancelled (vLLM's answer), an unknown one is a 404.
+  HttpReply late = http_call(port(), "POST", "/v1/responses/" + id + "/cancel", "");
+  expect_openai_error(late, 400);
+  EXPECT_NE(late.body.find("Cannot cancel a synchronous response."), std::string::npos) << late.body;
+  expect_response_not_found(http_call(port(), "POST", "/v1/responses/resp_unknown/cancel", ""), "resp_unknown");
+  expect_openai_error(http_call(port(), "GET", "/v1/responses/" + id + "/cancel"), 405);
+}
+
+// Cancelling a background response stops it: the worker drops the request, GET shows "cancelled" from then
+// on, and the engine is free again.
+TEST_F(SimServerTest, ResponsesInTheBackgroundAreCancelled) {
+  const double cancelled_before = metric(http_call(port(), "GET", "/metrics").body, "kvroute_sim:requests_cancelled_total");
+  HttpReply r = create_response(port(), {{"input", long_prompt("responses-cancel")}, {"max_output_tokens", 30000},
+                                         {"background", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string id(parse(r.body).at("id").as_string());
+  HttpReply c = http_call(port(), "POST", "/v1/responses/" + id + "/cancel", "");
+  ASSERT_EQ(c.status, 200) << c.body;
+  const json::value v = parse(c.body);
+  EXPECT_EQ(v.at("status").as_string(), "cancelled");
+  EXPECT_EQ(v.at("id").as_string(), id);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  HttpReply got = http_call(port(), "GET", "/v1/responses/" + id);
+  ASSERT_EQ(got.status, 200);
+  EXPECT_EQ(parse(got.body).at("status").as_string(), "cancelled");
+  EXPECT_EQ(metric(http_call(port(), "GET", "/metrics").body, "kvroute_sim:requests_cancelled_total"), cancelled_before + 1);
+  EXPECT_EQ(metric(http_call(port(), "GET", "/metrics").body, "vllm:num_requests_running"), 0);
+  expect_openai_error(http_call(port(), "POST", "/v1/responses/" + id + "/cancel", ""), 400);  // already cancelled
 }
 
 TEST_F(SimServerTest, ResponsesStreaming) {

@@ -218,6 +218,12 @@ TEST(SimOpenAi, RejectsBadResponsesRequests) {
   bad(R"({"input":"x","previous_response_id":7})", "'previous_response_id' must be a string");
   bad(R"({"input":"x","store":"yes"})", "'store' must be a boolean");
   bad(R"({"input":"x","stream":1})", "'stream' must be a boolean");
+  bad(R"({"input":"x","background":"yes"})", "'background' must be a boolean");
+  bad(R"({"input":"x","background":true,"store":false})", "background can only be used when `store` is true");
+  bad(R"({"input":"x","background":true,"stream":true})", "does not support stream=true with background=true");
+  auto bg = parse_responses_request(R"({"input":"x","background":true,"store":null})", limits);
+  ASSERT_TRUE(bg);  // a null store is the default, true
+  EXPECT_TRUE(bg->background);
   const Error model = error(R"({"model":"other","input":"x"})");
   EXPECT_EQ(model.status, 404);
   EXPECT_EQ(model.code, "model_not_found");
@@ -314,12 +320,12 @@ TEST(SimOpenAi, ResponsesObjectsAndEvents) {
 
 TEST(SimResponseStore, KeepsTheNewestAndMakesRandomIds) {
   ResponseStore store(3);
-  for (int i = 0; i < 4; ++i) store.put("r" + std::to_string(i), StoredResponse{{std::uint32_t(i)}, "{}"});
+  for (int i = 0; i < 4; ++i) store.put("r" + std::to_string(i), StoredResponse::completed({std::uint32_t(i)}, "{}"));
   EXPECT_EQ(store.size(), 3u);
   EXPECT_EQ(store.find("r0"), nullptr);  // the oldest went
   ASSERT_NE(store.find("r3"), nullptr);
   EXPECT_EQ(store.find("r3")->conversation, std::vector<std::uint32_t>{3});
-  store.put("r1", StoredResponse{{9}, "{\"x\":1}"});  // replaced in place; nothing dropped
+  store.put("r1", StoredResponse::completed({9}, "{\"x\":1}"));  // replaced in place; nothing dropped
   EXPECT_EQ(store.size(), 3u);
   EXPECT_EQ(store.find("r1")->object, "{\"x\":1}");
   EXPECT_EQ(ResponseStore::kDefaultCapacity, 4096u);

@@ -224,6 +224,12 @@ Result<ResponsesRequest> parse_responses_request(std::string_view body, const Ap
   if (auto e = read_token_count(o, "max_output_tokens", r.api.max_tokens)) return *e;
   if (auto e = read_bool(o, "stream", r.api.stream)) return *e;
   if (auto e = read_bool(o, "store", r.store)) return *e;
+  if (auto e = read_bool(o, "background", r.background)) return *e;
+  if (r.background && !r.store) return make_error("background can only be used when `store` is true");
+  if (r.background && r.api.stream) {
+    // vLLM streams a background response and lets GET resume it; kvroute-sim does not model that.
+    return make_error("kvroute-sim does not support stream=true with background=true; poll GET /v1/responses/{id}");
+  }
   if (auto e = read_cache_salt(o, r.api.cache_salt)) return *e;
   if (const auto* prev = o.if_contains("previous_response_id"); prev != nullptr && !prev->is_null()) {
     if (!prev->is_string()) return make_error("'previous_response_id' must be a string");
@@ -413,8 +419,10 @@ ResponsesFormatter::ResponsesFormatter(std::string id, std::string_view message_
   delta_head_.append(",\"output_index\":0,\"content_index\":0,\"delta\":");
 }
 
-std::string ResponsesFormatter::in_progress() const {
-  return head_ + "\"in_progress\",\"output\":[],\"usage\":null}";
+std::string ResponsesFormatter::without_output(std::string_view status) const {
+  std::string out = head_;
+  append_json_string(out, status);
+  return out.append(",\"output\":[],\"usage\":null}");
 }
 
 std::string ResponsesFormatter::completed(std::string_view text, const ApiUsage& u) const {

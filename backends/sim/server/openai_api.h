@@ -76,6 +76,7 @@ struct ResponsesRequest {
   ApiRequest api;
   std::optional<std::string> previous_response_id;
   bool store = true;
+  bool background = false;  // answer at once with status "queued"; poll with GET (needs store; no stream here)
 };
 Result<ResponsesRequest> parse_responses_request(std::string_view body, const ApiLimits& limits);
 
@@ -129,7 +130,9 @@ class ResponsesFormatter {
 
   const std::string& id() const { return id_; }
   // The object with status "in_progress", no output and "usage": null (what response.created carries).
-  std::string in_progress() const;
+  std::string in_progress() const { return without_output("in_progress"); }
+  // The object with `status` (queued, in_progress, cancelled), no output and "usage": null.
+  std::string without_output(std::string_view status) const;
   // The finished object: status "completed", one assistant message with `text`, and the usage.
   std::string completed(std::string_view text, const ApiUsage& u) const;
 

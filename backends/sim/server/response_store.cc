@@ -36,6 +36,11 @@ const StoredResponse* ResponseStore::find(std::string_view id) const {
   return it == by_id_.end() ? nullptr : &it->second;
 }
 
+StoredResponse* ResponseStore::find(std::string_view id) {
+  auto it = by_id_.find(std::string(id));
+  return it == by_id_.end() ? nullptr : &it->second;
+}
+
 std::string ResponseStore::new_id(std::string_view prefix) {
   std::string out(prefix);
   out.reserve(prefix.size() + 32);

@@ -3,8 +3,9 @@
 // on the worker that made it. That is the behaviour a router must handle (send follow-ups to the same worker).
 //
 // Each entry holds the conversation's token ids (the prompt followed by the generated output), which a
-// follow-up's prompt starts with, verbatim, so the engine's prefix cache hits it; and the finished response
-// object, which GET returns. Bounded: beyond the capacity (4096) the oldest entry is dropped. Ids are random
+// follow-up's prompt starts with, verbatim, so the engine's prefix cache hits it; and the response object,
+// which GET returns. A background response (background=true) is stored as soon as it is queued and updated
+// as it runs (queued, in_progress, completed), or marked cancelled by POST /v1/responses/{id}/cancel. Bounded: beyond the capacity (4096) the oldest entry is dropped. Ids are random
 // ("resp_" + 32 hex digits from a std::random_device-seeded generator), so workers of different kvroute-sim
 // processes never hand out the same id and a follow-up sent to the wrong worker is a clean 404.
 //
@@ -24,13 +25,27 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kvroute::sim {
 
 struct StoredResponse {
   std::vector<std::uint32_t> conversation;  // prompt tokens, then output tokens
-  std::string object;                       // the completed response object (JSON)
+  std::string object;                       // the response object (JSON) GET returns
+  // A background response is stored when it is queued and updated as it runs. While it is queued or in
+  // progress, `request` is its engine request and `cancelled` the object it becomes if it is cancelled.
+  std::string status = "completed";         // queued, in_progress, completed, cancelled
+  std::uint64_t request = 0;
+  std::string cancelled;
+
+  // A finished response (stored when it completes).
+  static StoredResponse completed(std::vector<std::uint32_t> conversation, std::string object) {
+    StoredResponse r;
+    r.conversation = std::move(conversation);
+    r.object = std::move(object);
+    return r;
+  }
 };
 
 class ResponseStore {
@@ -43,6 +58,7 @@ class ResponseStore {
   void put(const std::string& id, StoredResponse r);
   // nullptr when unknown (never stored, stored with store=false, or dropped). Valid until the next put().
   const StoredResponse* find(std::string_view id) const;
+  StoredResponse* find(std::string_view id);
   std::size_t size() const { return by_id_.size(); }
 
   // prefix + 32 lowercase hex digits (two 64-bit draws).

@@ -27,8 +27,9 @@ constexpr auto kWriteTimeout = std::chrono::seconds(30);
 constexpr std::size_t kHeaderLimit = 64 * 1024;
 // SSE bytes a slow reader may leave unsent before its request is dropped (a cap on queued output).
 constexpr std::size_t kMaxQueuedStreamBytes = 16u << 20;
-// GET /v1/responses/{id}
+// GET /v1/responses/{id}, POST /v1/responses/{id}/cancel
 constexpr std::string_view kResponsesPrefix = "/v1/responses/";
+constexpr std::string_view kCancelSuffix = "/cancel";
 
 std::chrono::steady_clock::duration seconds(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
@@ -38,6 +39,58 @@ std::int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
+
+// A Responses API request run with background=true: no HTTP exchange waits for it, so it observes its own
+// engine request and keeps its stored entry current (queued, in_progress, then completed with the output and
+// the conversation a follow-up continues), as vLLM's background task updates its response store. The worker
+// keeps it alive while its request is in flight; it reaches the store through the worker, which outlives it.
+class BackgroundResponse final : public RequestObserver {
+ public:
+  BackgroundResponse(SimWorker& worker, ResponsesFormatter fmt, std::vector<std::uint32_t> prompt)
+      : worker_(worker), fmt_(std::move(fmt)), conversation_(std::move(prompt)) {}
+
+  void started(std::uint64_t request, std::uint64_t fingerprint) {
+    fingerprint_ = fingerprint;
+    StoredResponse r;
+    r.conversation = conversation_;
+    r.object = fmt_.without_output("queued");
+    r.status = "queued";
+    r.request = request;
+    r.cancelled = fmt_.without_output("cancelled");
+    worker_.responses().put(fmt_.id(), std::move(r));
+  }
+
+  void on_first_token(std::uint32_t) override {
+    StoredResponse* r = entry();
+    if (r == nullptr) return;
+    r->status = "in_progress";
+    r->object = fmt_.in_progress();
+  }
+  void on_token(std::uint32_t index) override { text_.append(generated_piece(fingerprint_, index)); }
+  void on_finish(const ApiUsage& usage) override {
+    StoredResponse* r = entry();
+    if (r == nullptr) return;
+    tokenize_append(text_, conversation_);
+    r->conversation = std::move(conversation_);
+    r->object = fmt_.completed(text_, usage);
+    r->status = "completed";
+    r->request = 0;
+    r->cancelled.clear();
+  }
+
+ private:
+  // The stored entry, unless it was cancelled or dropped from the store meanwhile.
+  StoredResponse* entry() {
+    StoredResponse* r = worker_.responses().find(fmt_.id());
+    return r != nullptr && (r->status == "queued" || r->status == "in_progress") ? r : nullptr;
+  }
+
+  SimWorker& worker_;
+  ResponsesFormatter fmt_;
+  std::vector<std::uint32_t> conversation_;
+  std::uint64_t fingerprint_ = 0;
+  std::string text_;
+};
 
 // Network failures end the connection silently; only protocol errors get an answer.
 bool is_protocol_error(const beast::error_code& ec) { return ec.category() == http::make_error_code(http::error::bad_target).category(); }
@@ -117,6 +170,12 @@ void SimSession::handle(Request& req) {
     if (need(http::verb::post)) start_response(req);
   } else if (target.starts_with(kResponsesPrefix) && target.find('/', kResponsesPrefix.size()) == std::string_view::npos) {
     if (need(http::verb::get)) get_response(target.substr(kResponsesPrefix.size()));
+  } else if (target.starts_with(kResponsesPrefix) && target.ends_with(kCancelSuffix) &&
+             target.size() > kResponsesPrefix.size() + kCancelSuffix.size() &&
+             target.find('/', kResponsesPrefix.size()) == target.size() - kCancelSuffix.size()) {
+    if (need(http::verb::post)) {
+      cancel_response(target.substr(kResponsesPrefix.size(), target.size() - kResponsesPrefix.size() - kCancelSuffix.size()));
+    }
   } else if (target == "/health") {
     if (need(http::verb::get)) send_json(200, "");
   } else if (target == "/v1/models") {
@@ -204,6 +263,7 @@ void SimSession::start_response(Request& req) {
     api.prompt_tokens = continue_chat(prev->conversation, api.prompt_tokens);
   }
   if (auto e = check_context_length(api, limits)) return send_error(*e);
+  if (parsed->background) return start_background_response(std::move(api));
   store_ = parsed->store;
   if (store_) conversation_.assign(api.prompt_tokens.begin(), api.prompt_tokens.end());
   if (!submit(std::move(api))) return;
@@ -218,9 +278,39 @@ void SimSession::start_response(Request& req) {
   watch();
 }
 
+void SimSession::start_background_response(ApiRequest api) {
+  auto& store = worker_->responses();
+  std::string id = store.new_id("resp_");
+  ResponsesFormatter fmt(std::move(id), store.new_id("msg_"), unix_seconds(), worker_->config().limits.served_model_name);
+  std::string queued = fmt.without_output("queued");
+  std::vector<std::uint32_t> prompt(api.prompt_tokens.begin(), api.prompt_tokens.end());
+  auto job = std::make_shared<BackgroundResponse>(*worker_, std::move(fmt), std::move(prompt));
+  auto sub = worker_->submit(std::move(api), job);
+  if (!sub) return send_error(sub.error());
+  job->started(sub->id, sub->fingerprint);  // no engine callback comes before the worker's timer fires
+  send_json(200, std::move(queued));
+}
+
 void SimSession::get_response(std::string_view id) {
   const StoredResponse* r = worker_->responses().find(id);
   if (r == nullptr) return send_error(response_not_found(id));
+  send_json(200, r->object);
+}
+
+// vLLM's cancel: a background response still queued or in progress stops and is stored as cancelled; any other
+// is an error (400, vLLM's words), an unknown id a 404.
+void SimSession::cancel_response(std::string_view id) {
+  StoredResponse* r = worker_->responses().find(id);
+  if (r == nullptr) return send_error(response_not_found(id));
+  if (r->status != "queued" && r->status != "in_progress") {
+    return send_error(make_error("Cannot cancel a synchronous response."));
+  }
+  const std::uint64_t request = r->request;
+  r->status = "cancelled";
+  r->request = 0;
+  r->object = std::move(r->cancelled);
+  r->cancelled.clear();
+  worker_->cancel(request);
   send_json(200, r->object);
 }
 
@@ -271,7 +361,7 @@ void SimSession::finish_response(const ApiUsage& usage) {
     // The conversation a follow-up continues: this prompt, then the output's tokens (each generated piece is
     // one token, so tokenizing the text gives exactly the ids the engine hashed for the output).
     tokenize_append(text_, conversation_);
-    worker_->responses().put(rfmt_->id(), StoredResponse{std::move(conversation_), object});
+    worker_->responses().put(rfmt_->id(), StoredResponse::completed(std::move(conversation_), object));
     conversation_.clear();
   }
   if (!stream_mode_) return send_json(200, std::move(object));

@@ -60,7 +60,9 @@ class SimSession : public RequestObserver, public std::enable_shared_from_this<S
   bool submit(ApiRequest request);
   void start_completion(ApiKind kind, Request& req);
   void start_response(Request& req);
+  void start_background_response(ApiRequest api);
   void get_response(std::string_view id);
+  void cancel_response(std::string_view id);
   void finish_response(const ApiUsage& usage);
   void send(Response res);
   void send_json(unsigned status, std::string body);

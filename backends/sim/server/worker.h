@@ -21,7 +21,8 @@
 //
 // Responses API: each worker has its own ResponseStore (responses()), like each vLLM server has its own
 // memory, so a previous_response_id resolves only on the worker that made the response. Sessions read and
-// write it on the io thread, like everything else here.
+// write it on the io thread, like everything else here. A background response's observer is not a session
+// but an object that updates its stored entry as the request runs (session.cc, BackgroundResponse).
 //
 //   auto w = SimWorker::create(io, config);        // Result<std::shared_ptr<SimWorker>>
 //   w.value()->start();                            // accept connections
