@@ -5,7 +5,8 @@
 // Each entry holds the conversation's token ids (the prompt followed by the generated output), which a
 // follow-up's prompt starts with, verbatim, so the engine's prefix cache hits it; and the response object,
 // which GET returns. A background response (background=true) is stored as soon as it is queued and updated
-// as it runs (queued, in_progress, completed), or marked cancelled by POST /v1/responses/{id}/cancel. Bounded: beyond the capacity (4096) the oldest entry is dropped. Ids are random
+// as it runs (queued, in_progress, completed), or marked cancelled by POST /v1/responses/{id}/cancel.
+// Bounded: beyond the capacity (4096) the oldest entry is dropped. Ids are random
 // ("resp_" + 32 hex digits from a std::random_device-seeded generator), so workers of different kvroute-sim
 // processes never hand out the same id and a follow-up sent to the wrong worker is a clean 404.
 //
