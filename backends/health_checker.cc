@@ -107,18 +107,24 @@ void HealthChecker::read_models(std::shared_ptr<Worker> worker) {
   State& s = state(*worker);
   s.models_in_progress = true;
   s.models_at = std::chrono::steady_clock::now();  // a worker without /v1/models is asked again at the refresh
-  http_get(strand_, worker->endpoint(), "/v1/models", options_.timeout,
-           [self = shared_from_this(), worker](Result<SimpleResponse> r) {
-             std::vector<std::string> ids;
-             if (r && r->status == 200) ids = parse_model_ids(r->body);
-             boost::asio::post(self->strand_, [self, worker, ids = std::move(ids)]() mutable {
-               if (worker->removed()) return;
-               self->state(*worker).models_in_progress = false;
-               if (ids.empty() || ids == worker->models()) return;
-               worker->set_models(ids);
-               if (self->on_models_) self->on_models_(*worker, ids);
-             });
-           });
+  http_get(
+      strand_, worker->endpoint(), "/v1/models", options_.timeout,
+      [self = shared_from_this(), worker](Result<SimpleResponse> r) {
+        std::vector<std::string> ids;
+        if (r && r->status == 200) ids = parse_model_ids(r->body);
+        const unsigned refused = r && (r->status == 401 || r->status == 403) ? r->status : 0;
+        boost::asio::post(self->strand_, [self, worker, refused, ids = std::move(ids)]() mutable {
+          if (worker->removed()) return;
+          State& s = self->state(*worker);
+          s.models_in_progress = false;
+          if (refused && !s.models_refused && self->on_models_refused_) self->on_models_refused_(*worker, refused);
+          s.models_refused = refused != 0;
+          if (ids.empty() || ids == worker->models()) return;
+          worker->set_models(ids);
+          if (self->on_models_) self->on_models_(*worker, ids);
+        });
+      },
+      4u << 20, options_.authorization);
 }
 
 }  // namespace kvroute::backends

@@ -42,13 +42,18 @@ class HealthChecker : public std::enable_shared_from_this<HealthChecker> {
     int healthy_threshold = 2;
     std::string path = "/health";
     std::chrono::milliseconds models_refresh{30000};  // 0: /v1/models is not read
+    std::string authorization;  // Authorization header of the /v1/models reads (workers with an API key)
   };
   using OnChange = std::function<void(const Worker&, bool healthy)>;
   using OnModels = std::function<void(const Worker&, const std::vector<std::string>& models)>;
+  using OnModelsRefused = std::function<void(const Worker&, unsigned status)>;
 
   HealthChecker(boost::asio::any_io_executor ex, WorkerRegistry& registry, Options options, OnChange on_change);
   // Called (on the checker's strand) when a worker's models are first learned or change. Set before start().
   void on_models(OnModels f) { on_models_ = std::move(f); }
+  // Called when a worker refuses /v1/models (401 or 403: it wants an API key kvroute lacks), once until it
+  // answers again.
+  void on_models_refused(OnModelsRefused f) { on_models_refused_ = std::move(f); }
   void start();
   void stop();
 
@@ -59,6 +64,7 @@ class HealthChecker : public std::enable_shared_from_this<HealthChecker> {
     int successes = 0;
     bool in_progress = false;
     bool models_in_progress = false;
+    bool models_refused = false;  // the last /v1/models read was refused (reported once)
     std::chrono::steady_clock::time_point models_at{};  // last read of /v1/models; epoch: never
   };
   void tick();
@@ -74,6 +80,7 @@ class HealthChecker : public std::enable_shared_from_this<HealthChecker> {
   Options options_;
   OnChange on_change_;
   OnModels on_models_;
+  OnModelsRefused on_models_refused_;
   bool stopped_ = false;
   std::unordered_map<WorkerId, State> state_;  // on strand_
 };

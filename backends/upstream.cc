@@ -123,10 +123,12 @@ namespace {
 class ControlRequest : public std::enable_shared_from_this<ControlRequest> {
  public:
   ControlRequest(asio::any_io_executor ex, const WorkerEndpoint& ep, http::verb method, std::string target, std::string body,
-        std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler, std::size_t body_limit)
+        std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler, std::size_t body_limit,
+        std::string_view authorization)
       : stream_(ex), endpoint_(ep), timeout_(timeout), handler_(std::move(handler)) {
     req_.method(method);
     req_.target(target);
+    if (!authorization.empty()) req_.set(http::field::authorization, authorization);
     if (method == http::verb::post) {
       req_.set(http::field::content_type, "application/json");
       req_.body() = std::move(body);
@@ -182,17 +184,17 @@ class ControlRequest : public std::enable_shared_from_this<ControlRequest> {
 
 void http_get(asio::any_io_executor ex, const WorkerEndpoint& endpoint, std::string target,
               std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler,
-              std::size_t body_limit) {
+              std::size_t body_limit, std::string_view authorization) {
   std::make_shared<ControlRequest>(std::move(ex), endpoint, http::verb::get, std::move(target), std::string(), timeout,
-                         std::move(handler), body_limit)
+                         std::move(handler), body_limit, authorization)
       ->start();
 }
 
 void http_post(asio::any_io_executor ex, const WorkerEndpoint& endpoint, std::string target, std::string json_body,
                std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler,
-               std::size_t body_limit) {
+               std::size_t body_limit, std::string_view authorization) {
   std::make_shared<ControlRequest>(std::move(ex), endpoint, http::verb::post, std::move(target), std::move(json_body), timeout,
-                         std::move(handler), body_limit)
+                         std::move(handler), body_limit, authorization)
       ->start();
 }
 

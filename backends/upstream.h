@@ -83,14 +83,15 @@ struct SimpleResponse {
 };
 
 // GET `target` from the worker on a fresh connection with an overall deadline. The body is capped at
-// `body_limit` bytes. The handler runs on `ex`.
+// `body_limit` bytes. `authorization`, when not empty, is sent as the Authorization header (a worker started
+// with an API key, as `vllm serve --api-key`, refuses /v1 routes without it). The handler runs on `ex`.
 void http_get(asio::any_io_executor ex, const WorkerEndpoint& endpoint, std::string target,
               std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler,
-              std::size_t body_limit = 4 << 20);
+              std::size_t body_limit = 4 << 20, std::string_view authorization = {});
 // POST a JSON body, likewise.
 void http_post(asio::any_io_executor ex, const WorkerEndpoint& endpoint, std::string target, std::string json_body,
                std::chrono::milliseconds timeout, std::function<void(Result<SimpleResponse>)> handler,
-               std::size_t body_limit = 16 << 20);
+               std::size_t body_limit = 16 << 20, std::string_view authorization = {});
 
 // Connects a tcp_stream to host:port (numeric hosts skip the resolver) within the stream's expiry.
 void async_connect_endpoint(beast::tcp_stream& stream, const WorkerEndpoint& endpoint,

@@ -84,6 +84,7 @@ Result<bool> App::start() {
   hopts.timeout = ms(config_.health_timeout_s);
   hopts.unhealthy_threshold = config_.unhealthy_threshold;
   hopts.healthy_threshold = config_.healthy_threshold;
+  hopts.authorization = config_.worker_authorization();
   health_ = std::make_shared<backends::HealthChecker>(
       io_.get_executor(), registry_, hopts,
       [this](const backends::Worker& w, bool up) { on_health_change(w, up, "failed its health checks"); });
@@ -91,6 +92,13 @@ Result<bool> App::start() {
     std::string list;
     for (const auto& m : models) list += (list.empty() ? "" : ", ") + m;
     LOG_INFO("worker " << w.name() << " serves " << list);
+  });
+  health_->on_models_refused([this](const backends::Worker& w, unsigned status) {
+    LOG_WARN("worker " << w.name() << " answers " << status << " to GET /v1/models"
+                       << (config_.worker_api_key.empty() ? ": it wants an API key; give kvroute --worker-api-key (or "
+                                                            "KVROUTE_WORKER_API_KEY) to learn which models it serves"
+                                                          : ": it refuses --worker-api-key")
+                       << "; until then it is taken to serve any model");
   });
   health_->start();
   for (const auto& d : config_.discover) {
@@ -142,7 +150,8 @@ void App::start_events(const backends::Worker& worker) {
                        timer->async_wait([this, timer, worker](boost::system::error_code ec) {
                          if (!ec) start_events(*worker);
                        });
-                     });
+                     },
+                     4u << 20, config_.worker_authorization());
 }
 
 void App::subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint& ep, const std::string& model) {

@@ -1,6 +1,7 @@
 #include "router/config.h"
 
 #include <charconv>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -211,6 +212,10 @@ const std::vector<Option>& options() {
          c.tokenize = v;
          return std::nullopt;
        }},
+      {"worker-api-key", "KEY",
+       "API key of workers started with one (vllm serve --api-key): sent as a bearer token with kvroute's own "
+       "requests to them, such as /v1/models (default: $KVROUTE_WORKER_API_KEY; clients' requests carry their own)",
+       [](Config& c, const std::string& v) { c.worker_api_key = v; return std::optional<std::string>(); }},
       {"tokenize-timeout", "SECONDS", "give up on /tokenize and hash the text after this long (default 0.25)",
        DOUBLE_OPT(tokenize_timeout_s, 0.001, 60)},
       {"tokenize-cache", "N", "prompts whose token ids are remembered (default 4096; 0 disables)",
@@ -332,6 +337,9 @@ Result<Config> apply_yaml(Config cfg, const std::string& text, const std::string
 
 Result<Config> load_config(int argc, const char* const* argv, bool* help_requested) {
   Config cfg;
+  // A secret is better kept out of the command line and the config file (both readable by others): the
+  // environment provides the default.
+  if (const char* key = std::getenv("KVROUTE_WORKER_API_KEY")) cfg.worker_api_key = key;
   // Split "--name=value" and "--name value"; find --config first so flags override the file.
   std::vector<std::pair<std::string, std::string>> flags;
   for (int i = 1; i < argc; ++i) {

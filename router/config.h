@@ -71,6 +71,10 @@ struct Config {
   std::string kv_events_topic;      // ZMQ topic prefix to subscribe to; empty: all
   std::string tokenize = "auto";    // auto (while any worker is in precise mode), always, never
   double tokenize_timeout_s = 0.25;
+  // Workers' API key (vllm serve --api-key) for kvroute's own requests to them; clients' requests carry theirs.
+  std::string worker_api_key;
+  // "Bearer KEY", or empty without a key.
+  std::string worker_authorization() const { return worker_api_key.empty() ? std::string() : "Bearer " + worker_api_key; }
   std::size_t tokenize_cache_entries = 4096;
 
   // Health checks.

@@ -413,6 +413,9 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       return lookup->then();
     }
     const auto timeout = std::chrono::milliseconds(static_cast<long long>(svc_.config.health_timeout_s * 1000));
+    // Asked with the client's own credentials (workers with an API key refuse /v1 routes without them): a
+    // client that could not read the response from its worker cannot have it found either.
+    const std::string authorization(req_[http::field::authorization]);
     for (const auto& w : asked) {
       backends::http_get(
           stream_.get_executor(), w->endpoint(), "/v1/responses/" + id, timeout,
@@ -429,7 +432,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
               lookup->then();
             });
           },
-          /*body_limit=*/64u << 20);
+          /*body_limit=*/64u << 20, authorization);
     }
   }
 
@@ -451,7 +454,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
                               asio::post(self->stream_.get_executor(), [self, request, t0, r = std::move(r)]() mutable {
                                 self->on_tokenized(std::move(*request), t0, std::move(r));
                               });
-                            });
+                            },
+                            16u << 20, svc_.config.worker_authorization());
         return;
       }
     }
@@ -953,6 +957,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       if (w->healthy()) ++state->pending;
     }
     if (state->pending == 0) return send_error(no_healthy_worker());
+    // With the client's credentials: workers with an API key list their models only to clients that have it.
+    const std::string authorization(req_[http::field::authorization]);
     for (const auto& w : *workers) {
       if (!w->healthy()) continue;
       backends::http_get(stream_.get_executor(), w->endpoint(), "/v1/models", std::chrono::seconds(5),
@@ -960,18 +966,23 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
                            asio::post(self->stream_.get_executor(), [self, state, r = std::move(r)]() mutable {
                              self->on_models_reply(state, std::move(r));
                            });
-                         });
+                         },
+                         4u << 20, authorization);
     }
   }
 
   struct ModelsFanout {
     int pending = 0;
+    int answered = 0;  // workers that listed their models (200)
     json::array data;
     std::vector<std::string> seen;
+    std::optional<backends::SimpleResponse> refused;  // a 401 or 403, passed on if no worker answered 200
   };
 
   void on_models_reply(std::shared_ptr<ModelsFanout> st, Result<backends::SimpleResponse> r) {
+    if (r && (r->status == 401 || r->status == 403) && !st->refused) st->refused = std::move(*r);
     if (r && r->status == 200) {
+      ++st->answered;
       boost::system::error_code ec;
       json::value v = json::parse(r->body, ec);
       if (!ec && v.is_object()) {
@@ -989,6 +1000,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       }
     }
     if (--st->pending > 0) return;
+    if (st->answered == 0 && st->refused) {
+      // Every worker that answered refused the client's credentials: so does the router.
+      return send_json(st->refused->status, std::move(st->refused->body));
+    }
     json::object out;
     out["object"] = "list";
     out["data"] = std::move(st->data);

@@ -94,8 +94,11 @@ workers:
     replicas: 3
     port: 8000
     kvEventsPort: 5557
+  apiKeySecret:
+    name: vllm-api-key
 session:
   header: x-conversation-id
+  maxSessions: 100000
   ttlSeconds: 1200
   marginSeconds: 0.25
   tenantHeader: x-org-id
@@ -197,6 +200,12 @@ for name in ("default", "custom", "urls", "discover"):
     else:
         (work / f"{name}.kvroute.yaml").write_text(cms[0]["data"]["kvroute.yaml"])
     (work / f"{name}.args").write_text("\n".join(c["args"]) + "\n")
+    env = {e["name"]: e for e in c.get("env", [])}
+    key_env = env.get("KVROUTE_WORKER_API_KEY", {}).get("valueFrom", {}).get("secretKeyRef", {})
+    if name == "custom" and (key_env.get("name") != "vllm-api-key" or key_env.get("key") != "api-key"):
+        errors.append("custom: the workers' API key is not taken from Secret vllm-api-key, key api-key")
+    if name == "default" and key_env:
+        errors.append("default: KVROUTE_WORKER_API_KEY is set although no Secret is named")
     if name == "custom":
         for kind in ("ServiceMonitor", "PrometheusRule"):
             if kind not in kinds:

@@ -85,7 +85,9 @@ double cancelled_within(int port, std::chrono::milliseconds wait) {
 // A fleet: `n` kvroute-sim workers (one process each, so one can be killed) behind one kvroute.
 class Fleet {
  public:
-  explicit Fleet(int n, std::vector<std::string> router_args = {}, double speed = 20) : n_(n), speed_(speed) {
+  // `sim_args` are appended to every kvroute-sim's command line.
+  explicit Fleet(int n, std::vector<std::string> router_args = {}, double speed = 20, std::vector<std::string> sim_args = {})
+      : n_(n), speed_(speed), sim_args_(std::move(sim_args)) {
     sim_base_ = free_ports(n);
     for (int i = 0; i < n; ++i) start_worker(i);
     for (int i = 0; i < n; ++i) EXPECT_TRUE(wait_http(sim_base_ + i, "/health", 10s)) << "worker " << i;
@@ -108,9 +110,10 @@ class Fleet {
 
   void start_worker(int i) {
     workers_.resize(n_);
-    workers_[i] = Process::start({bin("kvroute-sim"), "--port", std::to_string(sim_base_ + i), "--speed",
-                                  std::to_string(speed_), "--num-gpu-blocks", "4096"},
-                                 testing::TempDir() + "/kvroute-e2e-sim.log");
+    std::vector<std::string> argv{bin("kvroute-sim"), "--port", std::to_string(sim_base_ + i), "--speed",
+                                  std::to_string(speed_), "--num-gpu-blocks", "4096"};
+    argv.insert(argv.end(), sim_args_.begin(), sim_args_.end());
+    workers_[i] = Process::start(argv, testing::TempDir() + "/kvroute-e2e-sim.log");
   }
   void kill_worker(int i) { workers_[i].kill_now(); }
   void signal_router(int sig) { ::kill(router_.pid(), sig); }
@@ -129,6 +132,7 @@ class Fleet {
  private:
   int n_;
   double speed_;
+  std::vector<std::string> sim_args_;
   int sim_base_ = 0, api_ = 0, admin_ = 0;
   std::vector<Process> workers_;
   Process router_;
@@ -1189,6 +1193,75 @@ TEST(RouterE2E, ResponsesContinueThroughAnotherRouterReplica) {
   EXPECT_EQ(worker_counter(admin_b, "kvroute_response_lookups_total{result=\"found\"}"), 1);
   EXPECT_EQ(http(api_b, "GET", "/v1/responses/resp_nowhere").status, 404);
   EXPECT_EQ(worker_counter(admin_b, "kvroute_response_lookups_total{result=\"not_found\"}"), 1);
+}
+
+// Workers started with an API key (vllm serve --api-key): clients' requests carry their own Authorization to the
+// worker; kvroute's own /v1 requests use --worker-api-key (models), or the client's credentials where it acts
+// for a client (the /v1/models fan-out, Responses id lookups).
+TEST(RouterE2E, WorkersWithAnApiKey) {
+  const std::vector<std::string> key{"--api-key", "sekret"};
+  Fleet fleet(2, {"--worker-api-key", "sekret"}, 20, key);
+  const std::map<std::string, std::string> auth{{"authorization", "Bearer sekret"}};
+  // The router learned each worker's models with its key.
+  bool learned = false;
+  for (int i = 0; i < 100 && !learned; ++i) {
+    const json::value w = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
+    learned = true;
+    for (const auto& x : w.at("workers").as_array()) {
+      const auto* models = x.as_object().if_contains("models");
+      learned = learned && models && models->is_array() && !models->as_array().empty() &&
+                models->as_array()[0].as_string() == "qwen3-8b";
+    }
+    if (!learned) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(learned) << http(fleet.admin(), "GET", "/admin/workers").body;
+
+  const std::string chat = chat_body(json::array{json::object{{"role", "user"}, {"content", "hello"}}}, 2);
+  EXPECT_EQ(http(fleet.api(), "POST", "/v1/chat/completions", chat, auth).status, 200);
+  auto refused = http(fleet.api(), "POST", "/v1/chat/completions", chat);
+  EXPECT_EQ(refused.status, 401);  // the worker's answer, passed on
+  EXPECT_EQ(refused.body, R"({"error":"Unauthorized"})");
+  auto models = http(fleet.api(), "GET", "/v1/models", "", auth);
+  ASSERT_EQ(models.status, 200) << models.body;
+  EXPECT_NE(models.body.find("qwen3-8b"), std::string::npos);
+  EXPECT_EQ(http(fleet.api(), "GET", "/v1/models").status, 401);  // no key, no list
+
+  // A response made through this router, continued and read through a second replica that has no key of its
+  // own: its lookup asks the workers with the client's credentials.
+  const int api_b = free_port(), admin_b = free_port();
+  Process replica = Process::start({bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api_b), "--admin-listen",
+                                    "127.0.0.1:" + std::to_string(admin_b), "--health-interval", "0.2", "--worker",
+                                    "http://127.0.0.1:" + std::to_string(fleet.worker_port(0)), "--worker",
+                                    "http://127.0.0.1:" + std::to_string(fleet.worker_port(1))},
+                                   testing::TempDir() + "/kvroute-e2e-replica-key.log");
+  ASSERT_TRUE(wait_http(api_b, "/ready", 10s));
+  json::object body{{"model", "qwen3-8b"}, {"input", "Keep this. " + std::string(300, 'k')}, {"max_output_tokens", 2}};
+  auto first = http(fleet.api(), "POST", "/v1/responses", json::serialize(body), auth);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string id(json::parse(first.body).at("id").as_string());
+  EXPECT_EQ(http(api_b, "GET", "/v1/responses/" + id).status, 401);  // without credentials: found nowhere
+  auto got = http(api_b, "GET", "/v1/responses/" + id, "", auth);
+  EXPECT_EQ(got.status, 200) << got.body;
+  EXPECT_EQ(got.header("x-kvroute-worker"), first.header("x-kvroute-worker"));
+  EXPECT_EQ(worker_counter(admin_b, "kvroute_response_lookups_total{result=\"found\"}"), 1);
+}
+
+// Without --worker-api-key, a worker that wants one is still served, taken to serve any model, and the router
+// says why in its log.
+TEST(RouterE2E, WorkerApiKeyMissingIsReported) {
+  Fleet fleet(1, {}, 20, {"--api-key", "sekret"});
+  const std::string log = testing::TempDir() + "/kvroute-e2e-router.log";
+  bool warned = false;
+  for (int i = 0; i < 100 && !warned; ++i) {
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    warned = text.find("answers 401 to GET /v1/models: it wants an API key; give kvroute --worker-api-key") !=
+             std::string::npos;
+    if (!warned) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(warned);
+  const std::string chat = chat_body(json::array{json::object{{"role", "user"}, {"content", "hi"}}}, 1);
+  EXPECT_EQ(http(fleet.api(), "POST", "/v1/chat/completions", chat, {{"authorization", "Bearer sekret"}}).status, 200);
 }
 
 // Response id lookups are bounded: with 64 under way (here against a worker that accepts connections and never

@@ -1,5 +1,6 @@
 #include "router/config.h"
 
+#include <cstdlib>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -116,6 +117,21 @@ TEST(Config, ErrorsNameTheOptionAndValue) {
     ASSERT_FALSE(r) << c.args[0];
     EXPECT_NE(r.error().message.find(c.expect), std::string::npos) << r.error().message;
   }
+}
+
+TEST(Config, WorkerApiKeyFromTheEnvironmentOrAFlag) {
+  ::setenv("KVROUTE_WORKER_API_KEY", "from-env", 1);
+  auto c = parse({});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->worker_api_key, "from-env");
+  EXPECT_EQ(c->worker_authorization(), "Bearer from-env");
+  c = parse({"--worker-api-key", "from-flag"});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->worker_api_key, "from-flag");
+  ::unsetenv("KVROUTE_WORKER_API_KEY");
+  c = parse({});
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->worker_authorization().empty());  // no key, no header
 }
 
 TEST(Config, YamlErrors) {

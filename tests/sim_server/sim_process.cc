@@ -112,7 +112,7 @@ int SimProcess::terminate() {
 SimProcess::~SimProcess() { terminate(); }
 
 HttpReply http_call(std::uint16_t port, const std::string& method, const std::string& target,
-                    const std::string& body) {
+                    const std::string& body, const std::string& authorization) {
   HttpReply reply;
   net::io_context io;
   beast::tcp_stream stream(io);
@@ -125,6 +125,7 @@ HttpReply http_call(std::uint16_t port, const std::string& method, const std::st
   }
   http::request<http::string_body> req{http::string_to_verb(method), target, 11};
   req.set(http::field::host, "127.0.0.1");
+  if (!authorization.empty()) req.set(http::field::authorization, authorization);
   if (!body.empty() || method == "POST") {
     req.set(http::field::content_type, "application/json");
     req.body() = body;

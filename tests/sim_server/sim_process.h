@@ -44,8 +44,9 @@ struct HttpReply {
   std::string error;
 };
 
+// `authorization`, when not empty, is sent as the Authorization header.
 HttpReply http_call(std::uint16_t port, const std::string& method, const std::string& target,
-                    const std::string& body = "");
+                    const std::string& body = "", const std::string& authorization = "");
 
 // Splits an SSE body into the payloads of its "data: " lines.
 std::vector<std::string> sse_data(const std::string& body);

@@ -682,6 +682,26 @@ TEST(SimServerProcessTest, WorkersAreIndependent) {
 
 // vLLM keeps stored responses in the memory of the server that made them: worker 1 of the same process,
 // and another process, do not know worker 0's response.
+// --api-key, as vllm serve --api-key: /v1 routes want the key as a bearer token; health, metrics and
+// tokenize stay open.
+TEST(SimServerProcessTest, ApiKeyGuardsTheV1Routes) {
+  SimProcess sim({"--api-key", "sekret", "--speed", "100"});
+  ASSERT_TRUE(sim.ready());
+  for (const std::string& auth : {std::string(), std::string("Bearer wrong"), std::string("sekret"),
+                                  std::string("Bearer sekret2"), std::string("Basic sekret")}) {
+    HttpReply r = http_call(sim.port(), "GET", "/v1/models", "", auth);
+    EXPECT_EQ(r.status, 401) << auth;
+    EXPECT_EQ(r.body, R"({"error":"Unauthorized"})");
+  }
+  EXPECT_EQ(http_call(sim.port(), "POST", "/v1/completions", R"({"prompt":"hi","max_tokens":1})").status, 401);
+  EXPECT_EQ(http_call(sim.port(), "GET", "/v1/models", "", "Bearer sekret").status, 200);
+  EXPECT_EQ(http_call(sim.port(), "POST", "/v1/completions", R"({"prompt":"hi","max_tokens":1})", "Bearer sekret").status,
+            200);
+  EXPECT_EQ(http_call(sim.port(), "GET", "/health").status, 200);
+  EXPECT_EQ(http_call(sim.port(), "GET", "/metrics").status, 200);
+  EXPECT_EQ(http_call(sim.port(), "POST", "/tokenize", R"({"prompt":"hi"})").status, 200);
+}
+
 TEST(SimServerProcessTest, ResponsesAreStoredPerWorker) {
   SimProcess sim({"--speed", "100", "--served-model-name", "m"}, 2);
   ASSERT_TRUE(sim.ready());

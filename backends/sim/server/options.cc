@@ -20,6 +20,7 @@ flags (--flag VALUE or --flag=VALUE):
   --workers N                 independent simulated workers in this process (default 1)
   --model NAME                built-in model profile (default qwen3-8b; also llama-3.1-8b, llama-3.1-70b, llama-3.1-405b, deepseek-v3)
   --served-model-name NAME    model id reported by /v1/models and in responses (default: the model name)
+  --api-key KEY               as vllm serve --api-key: /v1 routes answer 401 without "Authorization: Bearer KEY"
   --model-config FILE         Hugging Face config.json describing the model (overrides --model's shape)
   --gpu NAME                  built-in GPU profile (default h100-80gb; also h200-141gb, a100-80gb, l4)
   --cpu-tier-gb X             size of the CPU KV tier in GB (default 0 = none)
@@ -95,7 +96,7 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
     }
     if (!flag.starts_with("--")) return make_error("unexpected argument '" + std::string(flag) + "' (see --help)");
     static constexpr std::string_view kKnown[] = {
-        "--host", "--port", "--workers", "--model", "--served-model-name", "--model-config", "--gpu",
+        "--host", "--port", "--workers", "--model", "--served-model-name", "--api-key", "--model-config", "--gpu",
         "--cpu-tier-gb", "--prefix-commit", "--speed", "--num-gpu-blocks", "--max-num-seqs", "--max-model-len",
         "--kv-events-port", "--kv-events-replay-port", "--kv-events-format", "--kv-events-encoding",
         "--kv-events-topic", "--kv-events-load-interval", "--seed", "--max-body-bytes", "--idle-timeout"};
@@ -125,6 +126,9 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
       o.model = std::string(value);
     } else if (flag == "--served-model-name") {
       o.served_model_name = std::string(value);
+    } else if (flag == "--api-key") {
+      if (value.empty()) return make_error("--api-key: must not be empty");
+      o.api_key = std::string(value);
     } else if (flag == "--model-config") {
       o.model_config = std::string(value);
     } else if (flag == "--gpu") {

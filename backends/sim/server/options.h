@@ -30,6 +30,7 @@ struct SimServerOptions {
   int workers = 1;
   std::string model = "qwen3-8b";      // built-in model profile
   std::string served_model_name;       // id in /v1/models; defaults to --model (or the config file's name)
+  std::string api_key;                 // non-empty: /v1 routes need "Authorization: Bearer KEY", as vLLM's
   std::string model_config;            // path of a Hugging Face config.json; overrides --model's shape
   std::string gpu = "h100-80gb";
   double cpu_tier_gb = 0;

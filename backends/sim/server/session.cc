@@ -157,6 +157,14 @@ void SimSession::handle(Request& req) {
   std::string_view target(req.target().data(), req.target().size());
   if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
   const auto method = req.method();
+  // As vLLM with --api-key: every /v1 route wants the key as a bearer token; the others (health, metrics,
+  // tokenize) stay open.
+  if (const std::string& key = worker_->config().api_key; !key.empty() && target.starts_with("/v1")) {
+    const std::string_view auth(req[http::field::authorization].data(), req[http::field::authorization].size());
+    if (auth.size() != key.size() + 7 || !auth.starts_with("Bearer ") || auth.substr(7) != key) {
+      return send_json(401, R"({"error":"Unauthorized"})");
+    }
+  }
   auto need = [&](http::verb v) {
     if (method == v) return true;
     send_error(make_error("method not allowed for " + std::string(target), 405));

@@ -69,6 +69,7 @@ struct SimWorkerConfig {
   std::uint64_t seed = 0;
   std::size_t max_body_bytes = 8u << 20;
   double idle_timeout_s = 60;
+  std::string api_key;  // non-empty: /v1 routes need "Authorization: Bearer KEY" (vLLM's AuthenticationMiddleware)
   // KV events; empty endpoint = off.
   KvEventPublisherConfig kv_events;
   KvEventEncoding kv_events_encoding = KvEventEncoding::kPositional;  // kNative adds LoadReports
