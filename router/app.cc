@@ -55,6 +55,7 @@ Result<bool> App::start() {
     if (!id) return id.error();
   }
   tokenize_cache_ = std::make_unique<TokenizeCache>(config_.tokenize_cache_entries);
+  auto bodies = std::make_shared<BodyBudget>(config_.max_held_body_bytes);
   for (const auto& pool : pools_) {
     services_.push_back(std::make_unique<Services>(Services{config_, registry_, *router_, *pool, metrics_, *tokenize_cache_,
                                                             [this](hashing::WorkerId id, boost::json::object& o) {
@@ -63,7 +64,8 @@ Result<bool> App::start() {
                                                             drains_.emplace_back(std::make_shared<DrainState>()),
                                                             [this](backends::Worker& w, const std::string& why) {
                                                               if (w.mark_unhealthy()) on_health_change(w, false, why);
-                                                            }}));
+                                                            },
+                                                            bodies}));
   }
 
   auto api_ep = resolve_listen(config_.listen);

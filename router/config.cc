@@ -192,6 +192,10 @@ const std::vector<Option>& options() {
        DOUBLE_OPT(session_ttl_s, 0.001, 1e7)},
       {"session-margin", "SECONDS", "keep a session's worker unless its estimate is worse than the best by more (default 0.25)",
        DOUBLE_OPT(session_margin_s, 0, 1e6)},
+      {"max-held-body-bytes", "N",
+       "request bodies held at once over all connections; a request beyond it is read once others end (default "
+       "536870912)",
+       INT_OPT(std::uint64_t, max_held_body_bytes, 1, std::uint64_t{1} << 50)},
       {"max-sessions", "N",
        "session bindings held at most, about 140 bytes each plus keys over 15 bytes; beyond it the least recently used is forgotten "
        "(default 250000)",

@@ -200,7 +200,12 @@ class LazyDeadline {
 class ApiSession : public std::enable_shared_from_this<ApiSession> {
  public:
   ApiSession(tcp::socket&& socket, Services& svc, Listener::Kind kind)
-      : stream_(std::move(socket)), svc_(svc), kind_(kind), drain_(svc.drain), access_log_(svc.config.access_log) {}
+      : stream_(std::move(socket)),
+        svc_(svc),
+        kind_(kind),
+        drain_(svc.drain),
+        bodies_(svc.bodies),
+        access_log_(svc.config.access_log) {}
   ~ApiSession() { end_exchange(); }
 
   void run() {
@@ -234,6 +239,15 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       }
       if (ec || n == 0) break;
     }
+    if (!ec && parser_->is_header_done() && body_reserved_ == 0 && kind_ == Listener::Kind::kApi && bodies_) {
+      // The body's declared length, or for a chunked one the most it may be; none without a body.
+      const auto length = parser_->content_length();
+      const std::uint64_t want = length ? *length : parser_->chunked() ? svc_.config.max_body_bytes : 0;
+      if (want > 0 && want <= svc_.config.max_body_bytes) {
+        if (!bodies_->try_reserve(want)) return wait_for_body_budget();
+        body_reserved_ = want;
+      }
+    }
     if (ec || parser_->is_done()) return on_read(ec, 0);
     if (parser_->is_header_done() && !continue_sent_ && parser_->get().version() >= 11 &&
         beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
@@ -249,6 +263,20 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     }
     stream_.socket().async_read_some(buffer_.prepare(kClientReadChunk),
                                      beast::bind_front_handler(&ApiSession::on_client_bytes, shared_from_this()));
+  }
+
+  // --max-held-body-bytes are held: read nothing more of this request (its client is held back by TCP) and try
+  // again shortly. --client-idle-timeout still bounds the wait.
+  void wait_for_body_budget() {
+    if (!budget_waited_) {
+      budget_waited_ = true;
+      svc_.metrics.body_budget_wait();
+    }
+    if (!budget_timer_) budget_timer_.emplace(stream_.get_executor());
+    budget_timer_->expires_after(std::chrono::milliseconds(20));
+    budget_timer_->async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (!ec && self->reading_ && self->stream_.socket().is_open()) self->read_request();
+    });
   }
 
   void on_client_bytes(beast::error_code ec, std::size_t n) {
@@ -1166,6 +1194,11 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
 
   // The request read last has been answered in full, or will not be: it no longer holds up a drain.
   void end_exchange() {
+    if (body_reserved_ > 0) {
+      bodies_->release(body_reserved_);
+      body_reserved_ = 0;
+    }
+    budget_waited_ = false;
     if (!counted_) return;
     counted_ = false;
     --drain_->active;
@@ -1234,11 +1267,15 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   Listener::Kind kind_;
   // The session may outlive svc_ (see Services::drain): what its destructor needs is its own.
   std::shared_ptr<DrainState> drain_;
+  std::shared_ptr<BodyBudget> bodies_;
   const bool access_log_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool reading_ = false;  // a request is being read (the idle timeout applies)
   bool continue_sent_ = false;  // "100 Continue" answered this request's Expect
+  std::uint64_t body_reserved_ = 0;  // this request's share of --max-held-body-bytes, released at its end
+  bool budget_waited_ = false;       // counted in kvroute_body_budget_waits_total
+  std::optional<asio::steady_timer> budget_timer_;
   LazyDeadline<ApiSession> idle_{stream_.get_executor(), &ApiSession::on_idle};  // --client-idle-timeout
   http::request<http::string_body> req_;
   std::string request_id_;

@@ -42,6 +42,25 @@ struct DrainState {
   std::atomic<int> active{0};
 };
 
+// Bytes of request bodies the API sessions hold at once, over every I/O thread (--max-held-body-bytes). A
+// request whose body would go beyond it is not read further until others finish (TCP holds its client back),
+// so a burst of long prompts cannot run the router out of memory. One request alone always fits, whatever its
+// size (within --max-body-bytes), so nothing waits forever.
+struct BodyBudget {
+  explicit BodyBudget(std::uint64_t limit) : limit(limit) {}
+  bool try_reserve(std::uint64_t n) {
+    std::uint64_t now = held.load(std::memory_order_relaxed);
+    do {
+      if (now > 0 && now + n > limit) return false;
+    } while (!held.compare_exchange_weak(now, now + n, std::memory_order_relaxed));
+    return true;
+  }
+  void release(std::uint64_t n) { held.fetch_sub(n, std::memory_order_relaxed); }
+
+  const std::uint64_t limit;
+  std::atomic<std::uint64_t> held{0};
+};
+
 struct Services {
   const Config& config;
   backends::WorkerRegistry& registry;
@@ -56,6 +75,8 @@ struct Services {
   std::shared_ptr<DrainState> drain;
   // A worker that could not be connected to: out of rotation until its health checks pass again.
   std::function<void(backends::Worker&, const std::string& why)> worker_unreachable;
+  // Shared by every I/O thread's Services; outlives them like `drain`.
+  std::shared_ptr<BodyBudget> bodies;
 };
 
 class Listener : public std::enable_shared_from_this<Listener> {

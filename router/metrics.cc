@@ -37,6 +37,11 @@ RouterMetrics::RouterMetrics()
                            .Help("Session bindings forgotten before their TTL because --max-sessions were held")
                            .Register(*registry_)
                            .Add({});
+  body_budget_waits_ = &prometheus::BuildCounter()
+                            .Name("kvroute_body_budget_waits_total")
+                            .Help("Requests whose body waited, unread, because --max-held-body-bytes of bodies were held")
+                            .Register(*registry_)
+                            .Add({});
   auto& lookups = prometheus::BuildCounter()
                       .Name("kvroute_response_lookups_total")
                       .Help("Responses API ids this router had not seen made, looked up on the workers, by result")

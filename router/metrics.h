@@ -60,6 +60,8 @@ class RouterMetrics {
   void set_sessions(std::size_t n) { sessions_->Set(static_cast<double>(n)); }
   // Session bindings forgotten, still live, because --max-sessions were held.
   void sessions_evicted(std::size_t n) { sessions_evicted_->Increment(static_cast<double>(n)); }
+  // A request waited before its body was read because --max-held-body-bytes were held.
+  void body_budget_wait() { body_budget_waits_->Increment(); }
   // A /tokenize outcome (cache_hit, tokenized, fallback) and the time it took.
   void tokenized(const std::string& outcome, double seconds);
   // A Responses API id whose worker this router did not know, looked up on the workers: found, not_found,
@@ -89,6 +91,7 @@ class RouterMetrics {
   prometheus::Gauge* index_bytes_;
   prometheus::Gauge* sessions_;
   prometheus::Counter* sessions_evicted_;
+  prometheus::Counter* body_budget_waits_;
   prometheus::Family<prometheus::Counter>& tokenize_total_;
   prometheus::Histogram* tokenize_seconds_;
   prometheus::Counter* lookups_found_;

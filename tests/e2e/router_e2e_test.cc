@@ -413,6 +413,56 @@ TEST(RouterE2E, IdleAndStalledClientsAreClosedAtTheIdleTimeout) {
   EXPECT_EQ(ok.status, 200) << ok.body;
 }
 
+// --max-held-body-bytes: a request whose body would take the bodies held beyond the limit is not read until
+// they are released; then it is served. Nothing is refused or lost.
+TEST(RouterE2E, HeldRequestBodiesAreBounded) {
+  Fleet fleet(1, {"--max-held-body-bytes", "80000"});
+  auto body = [](const std::string& tag) {
+    std::string words;
+    for (int i = 0; i < 9000; ++i) words += "word ";
+    return chat_body(json::array{json::object{{"role", "user"}, {"content", tag + " " + words}}}, 1);
+  };
+  // A: its head and the start of its 45 KB body; the rest comes later.
+  const std::string a = body("first");
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(fleet.api()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           "Content-Length: " + std::to_string(a.size()) + "\r\n\r\n";
+  const std::string start = head + a.substr(0, 1000);
+  ASSERT_EQ(::send(fd, start.data(), start.size(), 0), static_cast<ssize_t>(start.size()));
+  std::this_thread::sleep_for(200ms);
+  // B: 45 KB more would hold 90 KB, beyond the limit: B waits while A is held. A small request does not.
+  EXPECT_EQ(http(fleet.api(), "POST", "/v1/chat/completions",
+                 chat_body(json::array{json::object{{"role", "user"}, {"content", "short"}}}, 1))
+                .status,
+            200);
+  std::atomic<int> b_status{0};
+  std::thread tb([&] { b_status = http(fleet.api(), "POST", "/v1/chat/completions", body("second")).status; });
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(b_status, 0) << "B was read while A's body was held";
+  EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_body_budget_waits_total "), 1);
+  // A's body ends: A is answered, and B goes on.
+  const std::string rest = a.substr(1000);
+  ASSERT_EQ(::send(fd, rest.data(), rest.size(), 0), static_cast<ssize_t>(rest.size()));
+  std::string got;
+  char buf[4096];
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  while (got.find("\r\n\r\n") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 200);
+  tb.join();
+  EXPECT_EQ(b_status, 200);
+}
+
 TEST(RouterE2E, SessionHeaderBindsToOneWorker) {
   Fleet fleet(3, {"--policy", "round_robin"});
   std::set<std::string> seen;

@@ -24,6 +24,7 @@ TEST(Config, DefaultsMatchTheDocumentation) {
   EXPECT_DOUBLE_EQ(c->session_margin_s, 0.25);
   EXPECT_EQ(c->worker_max_seqs, 256u);
   EXPECT_EQ(c->max_sessions, 250000u);
+  EXPECT_EQ(c->max_held_body_bytes, 512ull << 20);
   EXPECT_EQ(c->response_ids, 100000u);
   EXPECT_TRUE(c->workers.empty());
 }
@@ -107,6 +108,7 @@ TEST(Config, ErrorsNameTheOptionAndValue) {
       {{"--threads", "-1"}, "--threads"},
       {{"--session-ttl", "soon"}, "'soon' is not a number"},
       {{"--max-sessions", "0"}, "--max-sessions"},
+      {{"--max-held-body-bytes", "0"}, "--max-held-body-bytes"},
       {{"--bogus", "1"}, "unknown option --bogus"},
       {{"--listen"}, "needs a value"},
       {{"stray"}, "unexpected argument 'stray'"},
