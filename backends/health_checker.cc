@@ -103,25 +103,41 @@ void HealthChecker::on_result(std::shared_ptr<Worker> worker, std::optional<bool
   }
 }
 
-void HealthChecker::read_models(std::shared_ptr<Worker> worker) {
+void HealthChecker::apply_models(Worker& worker, unsigned refused, std::vector<std::string> ids) {
+  if (worker.removed()) return;
+  State& s = state(worker);
+  s.models_in_progress = false;
+  if (refused && !s.models_refused && on_models_refused_) on_models_refused_(worker, refused);
+  s.models_refused = refused != 0;
+  if (ids.empty() || ids == worker.models()) return;
+  worker.set_models(ids);
+  if (on_models_) on_models_(worker, ids);
+}
+
+void HealthChecker::refresh_models(WorkerId id, std::function<void()> done) {
+  boost::asio::post(strand_, [self = shared_from_this(), id, done = std::move(done)]() mutable {
+    auto worker = self->registry_.find(id);
+    if (self->stopped_ || !worker || worker->removed()) {
+      if (done) done();
+      return;
+    }
+    self->read_models(std::move(worker), std::move(done));
+  });
+}
+
+void HealthChecker::read_models(std::shared_ptr<Worker> worker, std::function<void()> done) {
   State& s = state(*worker);
   s.models_in_progress = true;
   s.models_at = std::chrono::steady_clock::now();  // a worker without /v1/models is asked again at the refresh
   http_get(
       strand_, worker->endpoint(), "/v1/models", options_.timeout,
-      [self = shared_from_this(), worker](Result<SimpleResponse> r) {
+      [self = shared_from_this(), worker, done = std::move(done)](Result<SimpleResponse> r) mutable {
         std::vector<std::string> ids;
         if (r && r->status == 200) ids = parse_model_ids(r->body);
         const unsigned refused = r && (r->status == 401 || r->status == 403) ? r->status : 0;
-        boost::asio::post(self->strand_, [self, worker, refused, ids = std::move(ids)]() mutable {
-          if (worker->removed()) return;
-          State& s = self->state(*worker);
-          s.models_in_progress = false;
-          if (refused && !s.models_refused && self->on_models_refused_) self->on_models_refused_(*worker, refused);
-          s.models_refused = refused != 0;
-          if (ids.empty() || ids == worker->models()) return;
-          worker->set_models(ids);
-          if (self->on_models_) self->on_models_(*worker, ids);
+        boost::asio::post(self->strand_, [self, worker, refused, ids = std::move(ids), done = std::move(done)]() mutable {
+          self->apply_models(*worker, refused, std::move(ids));
+          if (done) done();
         });
       },
       4u << 20, options_.authorization);

@@ -56,6 +56,9 @@ class HealthChecker : public std::enable_shared_from_this<HealthChecker> {
   void on_models_refused(OnModelsRefused f) { on_models_refused_ = std::move(f); }
   void start();
   void stop();
+  // Reads the worker's /v1/models now (its models changed, say a LoRA adapter was loaded), then calls `done`
+  // (on the checker's strand; also when the worker is gone). Any thread.
+  void refresh_models(WorkerId id, std::function<void()> done);
 
  private:
   struct State {
@@ -72,7 +75,9 @@ class HealthChecker : public std::enable_shared_from_this<HealthChecker> {
   void check(std::shared_ptr<Worker> worker);
   // `ok`: the check passed, failed, or (nullopt) could not be made for want of local resources.
   void on_result(std::shared_ptr<Worker> worker, std::optional<bool> ok);
-  void read_models(std::shared_ptr<Worker> worker);
+  void read_models(std::shared_ptr<Worker> worker, std::function<void()> done = {});
+  // On the strand: what a /v1/models read found (`refused`: its 401/403 status, else 0).
+  void apply_models(Worker& worker, unsigned refused, std::vector<std::string> ids);
 
   boost::asio::strand<boost::asio::any_io_executor> strand_;
   boost::asio::steady_timer timer_;

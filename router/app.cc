@@ -65,7 +65,11 @@ Result<bool> App::start() {
                                                             [this](backends::Worker& w, const std::string& why) {
                                                               if (w.mark_unhealthy()) on_health_change(w, false, why);
                                                             },
-                                                            bodies}));
+                                                            bodies,
+                                                            [this](hashing::WorkerId id, std::function<void()> done) {
+                                                              if (health_) return health_->refresh_models(id, std::move(done));
+                                                              if (done) done();
+                                                            }}));
   }
 
   auto api_ep = resolve_listen(config_.listen);

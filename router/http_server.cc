@@ -354,6 +354,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       if (method != http::verb::get) return method_not_allowed("GET");
       return handle_models();
     }
+    if (path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter") {
+      if (method != http::verb::post) return method_not_allowed("POST");
+      return handle_lora_update(std::string(path));
+    }
     if (path.starts_with("/v1/") || passed_through_root_route(path)) {
       decision_.reset();
       reroutes_ = 0;
@@ -997,6 +1001,89 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
                          },
                          4u << 20, authorization);
     }
+  }
+
+  // ---- /v1/load_lora_adapter, /v1/unload_lora_adapter ----
+  // An adapter is loaded on (or unloaded from) the fleet, not one worker: the request goes to every healthy
+  // worker, with the client's credentials, and each one that answers has its /v1/models read again before
+  // the answer, so requests naming the adapter go to the workers that have it from the next request on (not
+  // from the next 30 s refresh). When every worker accepted it, or every one refused it, the answer is the
+  // first worker's; when only some refused, it is the first refusal's status, with what each one answered.
+  void handle_lora_update(std::string path) {
+    auto workers = svc_.registry.snapshot();
+    auto state = std::make_shared<LoraFanout>();
+    for (const auto& w : *workers) {
+      if (w->healthy()) state->asked.push_back(w);
+    }
+    if (state->asked.empty()) return send_error(no_healthy_worker());
+    state->replies.resize(state->asked.size());
+    state->pending = state->asked.size();
+    const std::string authorization(req_[http::field::authorization]);
+    const auto timeout = std::chrono::milliseconds(static_cast<long long>(svc_.config.request_timeout_s * 1000));
+    for (std::size_t i = 0; i < state->asked.size(); ++i) {
+      backends::http_post(stream_.get_executor(), state->asked[i]->endpoint(), path, req_.body(), timeout,
+                          [self = shared_from_this(), state, i](Result<backends::SimpleResponse> r) {
+                            asio::post(self->stream_.get_executor(), [self, state, i, r = std::move(r)]() mutable {
+                              self->on_lora_reply(state, i, std::move(r));
+                            });
+                          },
+                          64u << 10, authorization);
+    }
+  }
+
+  struct LoraFanout {
+    std::vector<std::shared_ptr<backends::Worker>> asked;
+    std::vector<std::optional<Result<backends::SimpleResponse>>> replies;  // set as the workers answer
+    std::size_t pending = 0;  // replies and /v1/models re-reads still to come
+  };
+
+  void on_lora_reply(std::shared_ptr<LoraFanout> st, std::size_t i, Result<backends::SimpleResponse> r) {
+    // Any worker that answered is read again: one that refused may still have changed (or had the adapter).
+    const bool answered = static_cast<bool>(r);
+    st->replies[i] = std::move(r);
+    if (answered && svc_.refresh_models) {
+      ++st->pending;
+      svc_.refresh_models(st->asked[i]->id(), [self = shared_from_this(), st] {
+        asio::post(self->stream_.get_executor(), [self, st] {
+          if (--st->pending == 0) self->answer_lora_update(*st);
+        });
+      });
+    }
+    if (--st->pending == 0) answer_lora_update(*st);
+  }
+
+  void answer_lora_update(const LoraFanout& st) {
+    std::size_t succeeded = 0;
+    std::optional<std::size_t> first_ok, first_refusal;
+    std::string detail;
+    for (std::size_t k = 0; k < st.replies.size(); ++k) {
+      const auto& reply = *st.replies[k];
+      const bool good = reply && reply->status >= 200 && reply->status < 300;
+      if (good) {
+        ++succeeded;
+        if (!first_ok) first_ok = k;
+        continue;
+      }
+      if (!first_refusal) first_refusal = k;
+      detail += "; " + st.asked[k]->name() + " " +
+                (reply ? "answered " + std::to_string(reply->status) + ": " + reply->body.substr(0, 300)
+                       : reply.error().message);
+    }
+    auto res = std::make_shared<http::response<http::string_body>>();
+    if (succeeded == st.replies.size() || (!first_ok && *st.replies[*first_refusal])) {
+      // All accepted, or all refused: the first worker's answer.
+      const auto& reply = **st.replies[first_ok ? *first_ok : *first_refusal];
+      res->result(static_cast<http::status>(reply.status));
+      res->version(11);
+      if (!reply.content_type.empty()) res->set(http::field::content_type, reply.content_type);
+      res->body() = reply.body;
+      return write_response(res);
+    }
+    const auto& refusal = *st.replies[*first_refusal];
+    const unsigned status = refusal ? refusal->status : 502;
+    send_error(make_error(std::to_string(succeeded) + " of " + std::to_string(st.replies.size()) +
+                              " workers accepted it" + detail,
+                          status >= 400 && status < 600 ? status : 502, "upstream_error", "partial_failure"));
   }
 
   struct ModelsFanout {

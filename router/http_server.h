@@ -77,6 +77,9 @@ struct Services {
   std::function<void(backends::Worker&, const std::string& why)> worker_unreachable;
   // Shared by every I/O thread's Services; outlives them like `drain`.
   std::shared_ptr<BodyBudget> bodies;
+  // Reads the worker's /v1/models again now (after a LoRA adapter was loaded or unloaded through the router),
+  // then calls the function given (on another thread).
+  std::function<void(hashing::WorkerId, std::function<void()>)> refresh_models;
 };
 
 class Listener : public std::enable_shared_from_this<Listener> {

@@ -43,15 +43,18 @@ struct Truth {
 // Three workers with small KV pools (so the burst evicts), kvroute in front, with or without KV events.
 class PreciseFleet {
  public:
-  // `format` is kvroute-sim's --kv-events-format (vllm or native); router_args are appended to kvroute's.
-  explicit PreciseFleet(bool events, const std::string& format = "vllm", std::vector<std::string> router_args = {}) {
+  // `format` is kvroute-sim's --kv-events-format (vllm or native); router_args are appended to kvroute's,
+  // sim_args to kvroute-sim's.
+  explicit PreciseFleet(bool events, const std::string& format = "vllm", std::vector<std::string> router_args = {},
+                        std::vector<std::string> sim_args = {}) {
     sim_ = free_ports(3);
     ev_ = free_ports(3);
     replay_ = free_ports(3);
-    sim_proc_ = Process::start({bin("kvroute-sim"), "--port", std::to_string(sim_), "--workers", "3", "--speed", "20",
-                                "--num-gpu-blocks", "200", "--kv-events-port", std::to_string(ev_),
-                                "--kv-events-replay-port", std::to_string(replay_), "--kv-events-format", format},
-                               testing::TempDir() + "/kvroute-precise-sim.log");
+    std::vector<std::string> sim_argv{bin("kvroute-sim"), "--port", std::to_string(sim_), "--workers", "3", "--speed", "20",
+                                      "--num-gpu-blocks", "200", "--kv-events-port", std::to_string(ev_),
+                                      "--kv-events-replay-port", std::to_string(replay_), "--kv-events-format", format};
+    sim_argv.insert(sim_argv.end(), sim_args.begin(), sim_args.end());
+    sim_proc_ = Process::start(sim_argv, testing::TempDir() + "/kvroute-precise-sim.log");
     for (int i = 0; i < 3; ++i) EXPECT_TRUE(wait_http(sim_ + i, "/health", 10s));
     api_ = free_port();
     admin_ = free_port();
@@ -196,6 +199,35 @@ TEST(PreciseE2E, ChatTextIsTokenizedByTheWorkersAndPredictedExactly) {
   EXPECT_GT(reported, 500.0);
   EXPECT_EQ(metric_sum(m, "kvroute_predicted_cached_tokens_total"), reported);
   EXPECT_EQ(metric_sum(m, "kvroute_confirmed_cached_tokens_total"), reported);
+}
+
+// LoRA adapters have cache namespaces of their own (vLLM keys blocks by the LoRA; its KV events name it): the
+// router predicts an adapter's hits from the adapter's blocks only, never from the base model's, in both event
+// encodings.
+TEST(PreciseE2E, LoraAdapterBlocksArePredictedInTheirOwnNamespace) {
+  for (const std::string format : {"vllm", "native"}) {
+    SCOPED_TRACE(format);
+    PreciseFleet fleet(/*events=*/true, format, {"--policy", "round_robin"}, {"--lora-modules", "sql=/adapters/sql"});
+    fleet.wait_live();
+    json::array prompt;
+    for (int t = 0; t < 320; ++t) prompt.push_back(1000 + (t * 7919) % 30000);
+    auto send = [&](const std::string& model) {
+      json::object body{{"model", model}, {"prompt", prompt}, {"max_tokens", 1}};
+      auto r = http(fleet.api(), "POST", "/v1/completions", json::serialize(body), {{"x-session-id", "one-worker"}});
+      EXPECT_EQ(r.status, 200) << r.body;
+      fleet.wait_for_events();
+      return json::parse(r.body).at("usage").at("prompt_tokens_details").at("cached_tokens").as_int64();
+    };
+    EXPECT_EQ(send("sql"), 0);
+    EXPECT_GT(send("sql"), 200);        // the adapter's blocks, cached and predicted
+    EXPECT_EQ(send("qwen3-8b"), 0);     // the same tokens for the base model: other blocks
+    EXPECT_GT(send("qwen3-8b"), 200);
+    const std::string m = http(fleet.admin(), "GET", "/metrics").body;
+    const double reported = metric_sum(m, "kvroute_reported_cached_tokens_total");
+    EXPECT_GT(reported, 400);
+    EXPECT_EQ(metric_sum(m, "kvroute_predicted_cached_tokens_total"), reported);
+    EXPECT_EQ(metric_sum(m, "kvroute_confirmed_cached_tokens_total"), reported);
+  }
 }
 
 TEST(PreciseE2E, ApproximateModeTruthForComparison) {

@@ -1245,6 +1245,58 @@ TEST(RouterE2E, ResponsesContinueThroughAnotherRouterReplica) {
   EXPECT_EQ(worker_counter(admin_b, "kvroute_response_lookups_total{result=\"not_found\"}"), 1);
 }
 
+// LoRA adapters loaded at run time through the router reach every worker, and the router knows at once which
+// workers have which adapter: requests naming one go only to the workers that have it.
+TEST(RouterE2E, LoraAdaptersAreLoadedOnTheFleet) {
+  Fleet fleet(2, {"--policy", "round_robin"});
+  auto models_of = [&](int i) {
+    std::set<std::string> out;
+    const json::value w = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
+    for (const auto& x : w.at("workers").as_array()) {
+      if (x.at("name").as_string() != fleet.worker_name(i)) continue;
+      if (const auto* m = x.as_object().if_contains("models"); m && m->is_array()) {
+        for (const auto& id : m->as_array()) out.insert(std::string(id.as_string()));
+      }
+    }
+    return out;
+  };
+  auto complete = [&](const std::string& model) {
+    json::object body{{"model", model}, {"prompt", "select * from t"}, {"max_tokens", 1}};
+    return http(fleet.api(), "POST", "/v1/completions", json::serialize(body));
+  };
+  for (int i = 0; i < 100 && models_of(0).empty(); ++i) std::this_thread::sleep_for(50ms);
+
+  // Loaded through the router: on both workers, and known to the router when the answer comes.
+  auto load = http(fleet.api(), "POST", "/v1/load_lora_adapter", R"({"lora_name":"sql","lora_path":"/a/sql"})");
+  EXPECT_EQ(load.status, 200) << load.body;
+  EXPECT_EQ(load.body, "Success: LoRA adapter 'sql' added successfully.");
+  EXPECT_TRUE(models_of(0).count("sql") && models_of(1).count("sql"));
+  EXPECT_EQ(complete("sql").status, 200);
+
+  // One worker gets an adapter behind the router's back; a fleet-wide call that touches both workers (an
+  // unload) reads their models again: requests for it go to that worker only, where round robin would alternate.
+  ASSERT_EQ(http(fleet.worker_port(1), "POST", "/v1/load_lora_adapter", R"({"lora_name":"solo","lora_path":"/a/s"})").status,
+            200);
+  auto unload = http(fleet.api(), "POST", "/v1/unload_lora_adapter", R"({"lora_name":"sql"})");
+  EXPECT_EQ(unload.status, 200) << unload.body;
+  EXPECT_FALSE(models_of(0).count("sql") || models_of(1).count("sql"));
+  EXPECT_TRUE(models_of(1).count("solo"));
+  for (int i = 0; i < 4; ++i) {
+    auto r = complete("solo");
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.header("x-kvroute-worker"), fleet.worker_name(1));
+  }
+  EXPECT_EQ(complete("sql").status, 404);  // unloaded everywhere: a worker's own answer
+
+  // Loading what one worker has already: the other accepts it, and the answer says who refused and why.
+  auto partial = http(fleet.api(), "POST", "/v1/load_lora_adapter", R"({"lora_name":"solo","lora_path":"/a/s"})");
+  EXPECT_EQ(partial.status, 400) << partial.body;
+  EXPECT_NE(partial.body.find("1 of 2 workers accepted it; " + fleet.worker_name(1) + " answered 400"), std::string::npos)
+      << partial.body;
+  EXPECT_TRUE(models_of(0).count("solo"));
+  EXPECT_EQ(http(fleet.api(), "GET", "/v1/load_lora_adapter").status, 405);
+}
+
 // Workers started with an API key (vllm serve --api-key): clients' requests carry their own Authorization to the
 // worker; kvroute's own /v1 requests use --worker-api-key (models), or the client's credentials where it acts
 // for a client (the /v1/models fan-out, Responses id lookups).

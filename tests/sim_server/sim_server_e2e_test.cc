@@ -702,6 +702,45 @@ TEST(SimServerProcessTest, ApiKeyGuardsTheV1Routes) {
   EXPECT_EQ(http_call(sim.port(), "POST", "/tokenize", R"({"prompt":"hi"})").status, 200);
 }
 
+// LoRA adapters, as vLLM serves them: listed by /v1/models with the base model as parent, named by requests as
+// their model, with a cache namespace of their own; loaded and unloaded at run time with vLLM's answers.
+TEST(SimServerProcessTest, LoraAdapters) {
+  SimProcess sim({"--lora-modules", "sql=/adapters/sql", "--speed", "100", "--served-model-name", "base"});
+  ASSERT_TRUE(sim.ready());
+  json::value models = parse(http_call(sim.port(), "GET", "/v1/models").body);
+  ASSERT_EQ(models.at("data").as_array().size(), 2u);
+  EXPECT_EQ(models.at("data").at(1).at("id").as_string(), "sql");
+  EXPECT_EQ(models.at("data").at(1).at("parent").as_string(), "base");
+  EXPECT_EQ(models.at("data").at(1).at("root").as_string(), "/adapters/sql");
+
+  const std::string prompt = long_prompt("lora-namespace");
+  auto complete = [&](const std::string& model) {
+    HttpReply r = http_call(sim.port(), "POST", "/v1/completions",
+                            json::serialize(json::object{{"model", model}, {"prompt", prompt}, {"max_tokens", 1}}));
+    EXPECT_EQ(r.status, 200) << r.body;
+    return parse(r.body).at("usage").at("prompt_tokens_details").at("cached_tokens").as_int64();
+  };
+  EXPECT_EQ(complete("sql"), 0);
+  EXPECT_GT(complete("sql"), 300);  // the adapter's own blocks
+  EXPECT_EQ(complete("base"), 0);   // the same tokens under the base model are other blocks
+  EXPECT_GT(complete("base"), 300);
+
+  HttpReply load = http_call(sim.port(), "POST", "/v1/load_lora_adapter", R"({"lora_name":"chat","lora_path":"/a/chat"})");
+  EXPECT_EQ(load.status, 200);
+  EXPECT_EQ(load.body, "Success: LoRA adapter 'chat' added successfully.");
+  HttpReply again = http_call(sim.port(), "POST", "/v1/load_lora_adapter", R"({"lora_name":"chat","lora_path":"/a/chat"})");
+  EXPECT_EQ(again.status, 400);
+  EXPECT_NE(again.body.find("The lora adapter 'chat' has already been loaded."), std::string::npos);
+  EXPECT_EQ(http_call(sim.port(), "POST", "/v1/load_lora_adapter", R"({"lora_name":"x"})").status, 400);
+  EXPECT_EQ(complete("chat"), 0);
+  EXPECT_EQ(http_call(sim.port(), "POST", "/v1/unload_lora_adapter", R"({"lora_name":"chat"})").status, 200);
+  HttpReply gone = http_call(sim.port(), "POST", "/v1/unload_lora_adapter", R"({"lora_name":"chat"})");
+  EXPECT_EQ(gone.status, 404);
+  EXPECT_NE(gone.body.find("The lora adapter 'chat' cannot be found."), std::string::npos);
+  EXPECT_EQ(http_call(sim.port(), "POST", "/v1/completions", R"({"model":"chat","prompt":"hi"})").status, 404);
+  EXPECT_EQ(parse(http_call(sim.port(), "GET", "/v1/models").body).at("data").as_array().size(), 2u);
+}
+
 TEST(SimServerProcessTest, ResponsesAreStoredPerWorker) {
   SimProcess sim({"--speed", "100", "--served-model-name", "m"}, 2);
   ASSERT_TRUE(sim.ready());

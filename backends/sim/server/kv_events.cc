@@ -28,9 +28,9 @@ events::Medium native_medium(std::string_view medium) {
 
 void KvEventBatch::stored(std::span<const std::uint64_t> block_hashes, std::optional<std::uint64_t> parent,
                           std::span<const std::uint32_t> token_ids, std::uint32_t block_size,
-                          std::string_view medium) {
+                          std::string_view medium, std::string_view lora_name) {
   if (encoding_ == KvEventEncoding::kNative) {
-    native_.add_stored(block_hashes, parent, token_ids, block_size, native_medium(medium));
+    native_.add_stored(block_hashes, parent, token_ids, block_size, native_medium(medium), lora_name);
     ++count_;
     return;
   }
@@ -58,7 +58,8 @@ void KvEventBatch::stored(std::span<const std::uint64_t> block_hashes, std::opti
   if (map) w.str("medium");
   w.str(medium);
   if (map) w.str("lora_name");
-  w.nil();
+  if (lora_name.empty()) w.nil();
+  else w.str(lora_name);
   ++count_;
 }
 

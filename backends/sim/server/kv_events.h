@@ -59,8 +59,10 @@ enum class KvEventEncoding {
 class KvEventBatch {
  public:
   explicit KvEventBatch(KvEventEncoding encoding) : encoding_(encoding) {}
+  // `lora_name`: the LoRA adapter the blocks were computed under (empty: the base model).
   void stored(std::span<const std::uint64_t> block_hashes, std::optional<std::uint64_t> parent,
-              std::span<const std::uint32_t> token_ids, std::uint32_t block_size, std::string_view medium);
+              std::span<const std::uint32_t> token_ids, std::uint32_t block_size, std::string_view medium,
+              std::string_view lora_name = {});
   void removed(std::span<const std::uint64_t> block_hashes, std::string_view medium);
   void cleared();
 

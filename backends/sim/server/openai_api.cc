@@ -1,5 +1,6 @@
 #include "backends/sim/server/openai_api.h"
 
+#include <algorithm>
 #include <optional>
 
 #include <boost/json/parse.hpp>
@@ -54,12 +55,18 @@ std::optional<Error> read_cache_salt(const json::object& o, std::string& out) {
   return std::nullopt;
 }
 
-std::optional<Error> check_model(const json::object& o, const ApiLimits& limits) {
+// The base model (or its alias), or a loaded LoRA adapter, whose name goes to `lora`.
+std::optional<Error> check_model(const json::object& o, const ApiLimits& limits, std::string* lora = nullptr) {
   const auto* m = o.if_contains("model");
   if (m == nullptr || m->is_null()) return std::nullopt;  // vLLM serves its one model when none is named
   if (!m->is_string()) return make_error("'model' must be a string");
   const std::string_view name = m->get_string();
   if (name == limits.served_model_name || (!limits.alias.empty() && name == limits.alias)) return std::nullopt;
+  if (limits.lora_adapters != nullptr &&
+      std::find(limits.lora_adapters->begin(), limits.lora_adapters->end(), name) != limits.lora_adapters->end()) {
+    if (lora != nullptr) *lora = std::string(name);
+    return std::nullopt;
+  }
   return make_error("The model `" + std::string(name) + "` does not exist.", 404, "NotFoundError",
                     "model_not_found");
 }
@@ -157,9 +164,8 @@ Result<ApiRequest> parse_api_request(ApiKind kind, std::string_view body, const 
   auto parsed = parse_object(body);
   if (!parsed) return parsed.error();
   const json::object& o = *parsed;
-  if (auto e = check_model(o, limits)) return *e;
-
   ApiRequest req;
+  if (auto e = check_model(o, limits, &req.lora)) return *e;
   req.kind = kind;
   if (kind == ApiKind::kChat) {
     const auto* msgs = o.if_contains("messages");
@@ -210,7 +216,8 @@ Result<ResponsesRequest> parse_responses_request(std::string_view body, const Ap
   auto parsed = parse_object(body);
   if (!parsed) return parsed.error();
   const json::object& o = *parsed;
-  if (auto e = check_model(o, limits)) return *e;
+  std::string lora;
+  if (auto e = check_model(o, limits, &lora)) return *e;
 
   auto messages = responses_messages(o);
   if (!messages) return messages.error();
@@ -219,6 +226,7 @@ Result<ResponsesRequest> parse_responses_request(std::string_view body, const Ap
 
   ResponsesRequest r;
   r.api.kind = ApiKind::kChat;
+  r.api.lora = std::move(lora);
   r.api.prompt_tokens = std::move(*toks);
   r.api.max_tokens = limits.default_max_tokens;
   if (auto e = read_token_count(o, "max_output_tokens", r.api.max_tokens)) return *e;
@@ -234,6 +242,19 @@ Result<ResponsesRequest> parse_responses_request(std::string_view body, const Ap
   if (const auto* prev = o.if_contains("previous_response_id"); prev != nullptr && !prev->is_null()) {
     if (!prev->is_string()) return make_error("'previous_response_id' must be a string");
     r.previous_response_id = std::string(prev->get_string());
+  }
+  return r;
+}
+
+Result<LoraRequest> parse_lora_request(std::string_view body) {
+  auto parsed = parse_object(body);
+  if (!parsed) return parsed.error();
+  LoraRequest r;
+  for (auto [key, out] : {std::pair{"lora_name", &r.name}, std::pair{"lora_path", &r.path}}) {
+    const auto* v = parsed->if_contains(key);
+    if (v == nullptr || v->is_null()) continue;
+    if (!v->is_string()) return make_error("'" + std::string(key) + "' must be a string");
+    *out = std::string(v->get_string());
   }
   return r;
 }

@@ -46,6 +46,8 @@ struct ApiLimits {
   std::string alias;                  // a second accepted name (the --model profile name)
   std::uint32_t max_model_len = 0;    // prompt + max_tokens must fit
   std::uint32_t default_max_tokens = 16;  // OpenAI's default for completions; used when max_tokens is absent
+  // The worker's loaded LoRA adapters (names): requests may name one as their model. Owned by the worker.
+  const std::vector<std::string>* lora_adapters = nullptr;
 };
 
 struct ApiRequest {
@@ -55,6 +57,7 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;
   std::string cache_salt;  // vLLM's per-request cache namespace
+  std::string lora;        // the LoRA adapter the request names as its model; empty: the base model
 };
 
 struct ApiUsage {
@@ -79,6 +82,13 @@ struct ResponsesRequest {
   bool background = false;  // answer at once with status "queued"; poll with GET (needs store; no stream here)
 };
 Result<ResponsesRequest> parse_responses_request(std::string_view body, const ApiLimits& limits);
+
+// POST /v1/load_lora_adapter and /v1/unload_lora_adapter: {"lora_name", "lora_path"} (absent fields empty).
+struct LoraRequest {
+  std::string name;
+  std::string path;
+};
+Result<LoraRequest> parse_lora_request(std::string_view body);
 
 // 404 "Response with id 'ID' not found." (vLLM's text), for an unknown previous_response_id or GET.
 Error response_not_found(std::string_view id);

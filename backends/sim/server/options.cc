@@ -21,6 +21,10 @@ flags (--flag VALUE or --flag=VALUE):
   --model NAME                built-in model profile (default qwen3-8b; also llama-3.1-8b, llama-3.1-70b, llama-3.1-405b, deepseek-v3)
   --served-model-name NAME    model id reported by /v1/models and in responses (default: the model name)
   --api-key KEY               as vllm serve --api-key: /v1 routes answer 401 without "Authorization: Bearer KEY"
+  --lora-modules NAME=PATH[,NAME=PATH...]
+                              LoRA adapters loaded at start, as vllm serve --lora-modules; requests name one as
+                              their model; more come and go with POST /v1/load_lora_adapter and
+                              /v1/unload_lora_adapter
   --model-config FILE         Hugging Face config.json describing the model (overrides --model's shape)
   --gpu NAME                  built-in GPU profile (default h100-80gb; also h200-141gb, a100-80gb, l4)
   --cpu-tier-gb X             size of the CPU KV tier in GB (default 0 = none)
@@ -96,7 +100,8 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
     }
     if (!flag.starts_with("--")) return make_error("unexpected argument '" + std::string(flag) + "' (see --help)");
     static constexpr std::string_view kKnown[] = {
-        "--host", "--port", "--workers", "--model", "--served-model-name", "--api-key", "--model-config", "--gpu",
+        "--host", "--port", "--workers", "--model", "--served-model-name", "--api-key", "--lora-modules",
+        "--model-config", "--gpu",
         "--cpu-tier-gb", "--prefix-commit", "--speed", "--num-gpu-blocks", "--max-num-seqs", "--max-model-len",
         "--kv-events-port", "--kv-events-replay-port", "--kv-events-format", "--kv-events-encoding",
         "--kv-events-topic", "--kv-events-load-interval", "--seed", "--max-body-bytes", "--idle-timeout"};
@@ -126,6 +131,17 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
       o.model = std::string(value);
     } else if (flag == "--served-model-name") {
       o.served_model_name = std::string(value);
+    } else if (flag == "--lora-modules") {
+      std::string_view rest = value;
+      while (!rest.empty()) {
+        const std::string_view item = rest.substr(0, rest.find(','));
+        rest = item.size() < rest.size() ? rest.substr(item.size() + 1) : std::string_view();
+        const auto eq = item.find('=');
+        if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size()) {
+          return make_error("--lora-modules: '" + std::string(item) + "' is not NAME=PATH");
+        }
+        o.lora_modules.emplace_back(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+      }
     } else if (flag == "--api-key") {
       if (value.empty()) return make_error("--api-key: must not be empty");
       o.api_key = std::string(value);

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backends/sim/engine.h"
@@ -31,6 +32,7 @@ struct SimServerOptions {
   std::string model = "qwen3-8b";      // built-in model profile
   std::string served_model_name;       // id in /v1/models; defaults to --model (or the config file's name)
   std::string api_key;                 // non-empty: /v1 routes need "Authorization: Bearer KEY", as vLLM's
+  std::vector<std::pair<std::string, std::string>> lora_modules;  // --lora-modules NAME=PATH
   std::string model_config;            // path of a Hugging Face config.json; overrides --model's shape
   std::string gpu = "h100-80gb";
   double cpu_tier_gb = 0;

@@ -86,6 +86,7 @@ Result<std::unique_ptr<SimServer>> SimServer::build(const SimServerOptions& o) {
     wc.seed = o.seed;
     wc.max_body_bytes = o.max_body_bytes;
     wc.api_key = o.api_key;
+    wc.lora_modules = o.lora_modules;
     wc.idle_timeout_s = o.idle_timeout_s;
     wc.kv_events_encoding = o.kv_events_encoding;
     wc.kv_events_load_interval_s = o.kv_events_load_interval_s;

@@ -184,6 +184,8 @@ void SimSession::handle(Request& req) {
     if (need(http::verb::post)) {
       cancel_response(target.substr(kResponsesPrefix.size(), target.size() - kResponsesPrefix.size() - kCancelSuffix.size()));
     }
+  } else if (target == "/v1/load_lora_adapter" || target == "/v1/unload_lora_adapter") {
+    if (need(http::verb::post)) update_lora(target == "/v1/load_lora_adapter", req.body());
   } else if (target == "/health") {
     if (need(http::verb::get)) send_json(200, "");
   } else if (target == "/v1/models") {
@@ -297,6 +299,20 @@ void SimSession::start_background_response(ApiRequest api) {
   if (!sub) return send_error(sub.error());
   job->started(sub->id, sub->fingerprint);  // no engine callback comes before the worker's timer fires
   send_json(200, std::move(queued));
+}
+
+// vLLM's runtime LoRA updating: {"lora_name", "lora_path"} to load, {"lora_name"} to unload; a plain-text
+// "Success: ..." or vLLM's error.
+void SimSession::update_lora(bool load, const std::string& body) {
+  auto request = parse_lora_request(body);
+  if (!request) return send_error(request.error());
+  auto done = load ? worker_->load_lora_adapter(request->name, request->path)
+                   : worker_->unload_lora_adapter(request->name);
+  if (!done) return send_error(done.error());
+  Response res{http::status::ok, parser_->get().version()};
+  res.set(http::field::content_type, "text/plain; charset=utf-8");
+  res.body() = std::move(*done);
+  send(std::move(res));
 }
 
 void SimSession::get_response(std::string_view id) {

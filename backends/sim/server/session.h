@@ -63,6 +63,7 @@ class SimSession : public RequestObserver, public std::enable_shared_from_this<S
   void start_background_response(ApiRequest api);
   void get_response(std::string_view id);
   void cancel_response(std::string_view id);
+  void update_lora(bool load, const std::string& body);
   void finish_response(const ApiUsage& usage);
   void send(Response res);
   void send_json(unsigned status, std::string body);

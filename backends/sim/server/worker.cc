@@ -99,11 +99,13 @@ class SimWorker::Sink : public EngineSink {
         const std::size_t begin = static_cast<std::size_t>(first_block_index + k) * bt;
         const auto& toks = req->second.tokens;
         if (begin + bt <= toks.size()) entry.tokens.assign(toks.begin() + begin, toks.begin() + begin + bt);
+        entry.lora = req->second.lora;
       }
+      if (k == 0) lora_ = entry.lora;  // one request's blocks: one namespace
       entry.media |= static_cast<std::uint8_t>(1u << static_cast<unsigned>(medium));
       tokens_.insert(tokens_.end(), entry.tokens.begin(), entry.tokens.end());
     }
-    if (w_.publisher_) batch_.stored(hashes, parent, tokens_, bt, medium_name(medium));
+    if (w_.publisher_) batch_.stored(hashes, parent, tokens_, bt, medium_name(medium), lora_);
   }
   void on_blocks_removed(std::span<const std::uint64_t> hashes, Medium medium, double) override {
     for (std::uint64_t h : hashes) {
@@ -125,6 +127,7 @@ class SimWorker::Sink : public EngineSink {
   SimWorker& w_;
   KvEventBatch batch_;
   std::vector<std::uint32_t> tokens_;
+  std::string lora_;
 };
 
 Result<std::shared_ptr<SimWorker>> SimWorker::create(net::io_context& io, SimWorkerConfig config) {
@@ -156,7 +159,34 @@ SimWorker::SimWorker(net::io_context& io, SimWorkerConfig config, Engine engine)
       acceptor_(io),
       accept_retry_(io),
       timer_(io),
-      load_timer_(io) {}
+      load_timer_(io) {
+  for (const auto& [name, path] : config_.lora_modules) {
+    lora_names_.push_back(name);
+    lora_paths_.push_back(path);
+  }
+  config_.limits.lora_adapters = &lora_names_;
+}
+
+Result<std::string> SimWorker::load_lora_adapter(const std::string& name, const std::string& path) {
+  if (name.empty() || path.empty()) return make_error("Both 'lora_name' and 'lora_path' must be provided.");
+  if (std::find(lora_names_.begin(), lora_names_.end(), name) != lora_names_.end()) {
+    return make_error("The lora adapter '" + name + "' has already been loaded.");
+  }
+  lora_names_.push_back(name);
+  lora_paths_.push_back(path);
+  return "Success: LoRA adapter '" + name + "' added successfully.";
+}
+
+Result<std::string> SimWorker::unload_lora_adapter(const std::string& name) {
+  if (name.empty()) return make_error("'lora_name' needs to be provided to unload a LoRA adapter.");
+  const auto it = std::find(lora_names_.begin(), lora_names_.end(), name);
+  if (it == lora_names_.end()) {
+    return make_error("The lora adapter '" + name + "' cannot be found.", 404, "NotFoundError");
+  }
+  lora_paths_.erase(lora_paths_.begin() + (it - lora_names_.begin()));
+  lora_names_.erase(it);
+  return "Success: LoRA adapter '" + name + "' removed successfully.";
+}
 
 SimWorker::~SimWorker() = default;
 
@@ -212,6 +242,7 @@ Result<SimWorker::Submitted> SimWorker::submit(ApiRequest request, std::shared_p
   Inflight f;
   f.observer = std::move(observer);
   f.prompt_tokens = static_cast<std::uint32_t>(request.prompt_tokens.size());
+  f.lora = request.lora;
   f.tokens = std::move(request.prompt_tokens);
   const std::uint64_t fingerprint = prompt_fingerprint(f.tokens, config_.seed);
   // The output is known in advance (deterministic), so the chain covers prompt + output and the engine
@@ -221,7 +252,10 @@ Result<SimWorker::Submitted> SimWorker::submit(ApiRequest request, std::shared_p
     tokenize_append(generated_piece(fingerprint, i), f.tokens);
   }
   f.tokens.resize(f.prompt_tokens + request.max_tokens, kNewlineToken);
-  std::uint64_t root = hashing::namespace_root(config_.limits.served_model_name, request.cache_salt);
+  // An adapter's blocks are its own (vLLM keys them by the LoRA): the namespace is the adapter's name, which
+  // is also the model name the router hashes its requests under.
+  std::uint64_t root = hashing::namespace_root(
+      request.lora.empty() ? config_.limits.served_model_name : request.lora, request.cache_salt);
   if (config_.seed != 0) root = hashing::hash_block(root, &config_.seed, sizeof config_.seed);
   auto chain = hashing::hash_tokens(root, f.tokens, engine_.config().block_tokens);
   const double now = engine_now();
@@ -374,7 +408,19 @@ std::string SimWorker::models_json() const {
   out.append(",\"owned_by\":\"kvroute-sim\",\"root\":");
   append_json_string(out, engine_.config().model.name);
   out.append(",\"parent\":null,\"max_model_len\":").append(std::to_string(config_.limits.max_model_len));
-  out.append(",\"permission\":[]}]}");
+  out.append(",\"permission\":[]}");
+  // Loaded adapters, as vLLM lists them: the adapter's path as root, the base model as parent.
+  for (std::size_t i = 0; i < lora_names_.size(); ++i) {
+    out.append(",{\"id\":");
+    append_json_string(out, lora_names_[i]);
+    out.append(",\"object\":\"model\",\"created\":").append(std::to_string(created_));
+    out.append(",\"owned_by\":\"kvroute-sim\",\"root\":");
+    append_json_string(out, lora_paths_[i]);
+    out.append(",\"parent\":");
+    append_json_string(out, config_.limits.served_model_name);
+    out.append(",\"max_model_len\":null,\"permission\":[]}");
+  }
+  out.append("]}");
   return out;
 }
 

@@ -38,6 +38,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backends/events/telemetry.h"
@@ -70,6 +71,8 @@ struct SimWorkerConfig {
   std::size_t max_body_bytes = 8u << 20;
   double idle_timeout_s = 60;
   std::string api_key;  // non-empty: /v1 routes need "Authorization: Bearer KEY" (vLLM's AuthenticationMiddleware)
+  // LoRA adapters loaded at start (vllm serve --lora-modules NAME=PATH): requests may name them as their model.
+  std::vector<std::pair<std::string, std::string>> lora_modules;
   // KV events; empty endpoint = off.
   KvEventPublisherConfig kv_events;
   KvEventEncoding kv_events_encoding = KvEventEncoding::kPositional;  // kNative adds LoadReports
@@ -99,6 +102,12 @@ class SimWorker : public std::enable_shared_from_this<SimWorker> {
 
   // The Responses API responses this worker stored (store=true).
   ResponseStore& responses() { return responses_; }
+
+  // vLLM's runtime LoRA updating (POST /v1/load_lora_adapter, /v1/unload_lora_adapter), with its errors. An
+  // adapter's requests have a cache namespace of their own, as vLLM keys blocks by their LoRA, and its blocks'
+  // KV events carry its name.
+  Result<std::string> load_lora_adapter(const std::string& name, const std::string& path);
+  Result<std::string> unload_lora_adapter(const std::string& name);
 
   const SimWorkerConfig& config() const { return config_; }
   std::uint16_t port() const { return config_.port; }
@@ -150,6 +159,7 @@ class SimWorker : public std::enable_shared_from_this<SimWorker> {
 
   struct Inflight {
     std::shared_ptr<RequestObserver> observer;
+    std::string lora;                   // the adapter the request runs with; empty: the base model
     std::vector<std::uint32_t> tokens;  // prompt + output, the source of BlockStored token_ids
     double submitted_at = 0;            // engine time
     std::uint32_t prompt_tokens = 0;
@@ -160,9 +170,13 @@ class SimWorker : public std::enable_shared_from_this<SimWorker> {
   struct BlockTokens {
     std::vector<std::uint32_t> tokens;
     std::uint8_t media = 0;
+    std::string lora;  // the adapter whose namespace the block is in (BlockStored's lora_name)
   };
   std::unordered_map<std::uint64_t, BlockTokens> block_tokens_;
   ResponseStore responses_;
+  // Loaded LoRA adapters, in load order: names (config_.limits.lora_adapters points here) and paths.
+  std::vector<std::string> lora_names_;
+  std::vector<std::string> lora_paths_;
 
   // Metrics kept by the server itself (the engine's counters come from stats()).
   std::vector<std::uint64_t> ttft_counts_ = std::vector<std::uint64_t>(23);  // per bucket, +Inf last
