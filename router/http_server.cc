@@ -239,12 +239,13 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       }
       if (ec || n == 0) break;
     }
-    if (!ec && parser_->is_header_done() && body_reserved_ == 0 && kind_ == Listener::Kind::kApi && bodies_) {
-      // The body's declared length, or for a chunked one the most it may be; none without a body.
-      const auto length = parser_->content_length();
-      const std::uint64_t want = length ? *length : parser_->chunked() ? svc_.config.max_body_bytes : 0;
-      if (want > 0 && want <= svc_.config.max_body_bytes) {
-        if (!bodies_->try_reserve(want)) return wait_for_body_budget();
+    if (!ec && parser_->is_header_done() && kind_ == Listener::Kind::kApi && bodies_) {
+      // The body bytes held, and one more read's worth while the body is still coming: what is received
+      // counts, not what a header declares (a client that declares 8 MB and sends nothing holds nothing).
+      const std::uint64_t have = parser_->get().body().size();
+      const std::uint64_t want = parser_->is_done() ? have : have + kClientReadChunk;
+      if (want > body_reserved_) {
+        if (!bodies_->try_reserve(want - body_reserved_, body_reserved_)) return wait_for_body_budget();
         body_reserved_ = want;
       }
     }
@@ -1360,7 +1361,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   std::optional<http::request_parser<http::string_body>> parser_;
   bool reading_ = false;  // a request is being read (the idle timeout applies)
   bool continue_sent_ = false;  // "100 Continue" answered this request's Expect
-  std::uint64_t body_reserved_ = 0;  // this request's share of --max-held-body-bytes, released at its end
+  std::uint64_t body_reserved_ = 0;  // this request's share of --max-held-body-bytes (grows as its body is read)
   bool budget_waited_ = false;       // counted in kvroute_body_budget_waits_total
   std::optional<asio::steady_timer> budget_timer_;
   LazyDeadline<ApiSession> idle_{stream_.get_executor(), &ApiSession::on_idle};  // --client-idle-timeout

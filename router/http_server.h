@@ -43,15 +43,17 @@ struct DrainState {
 };
 
 // Bytes of request bodies the API sessions hold at once, over every I/O thread (--max-held-body-bytes). A
-// request whose body would go beyond it is not read further until others finish (TCP holds its client back),
-// so a burst of long prompts cannot run the router out of memory. One request alone always fits, whatever its
-// size (within --max-body-bytes), so nothing waits forever.
+// session reserves its body as it reads it; one whose body would go beyond the limit reads nothing more until
+// others finish (TCP holds its client back), so a burst of long prompts cannot run the router out of memory.
+// A request alone always fits, whatever its size (within --max-body-bytes), so nothing waits forever.
 struct BodyBudget {
   explicit BodyBudget(std::uint64_t limit) : limit(limit) {}
-  bool try_reserve(std::uint64_t n) {
+  // Adds `n` to what is held, unless others (all but the caller's `own` share) hold some and it would go
+  // beyond the limit.
+  bool try_reserve(std::uint64_t n, std::uint64_t own) {
     std::uint64_t now = held.load(std::memory_order_relaxed);
     do {
-      if (now > 0 && now + n > limit) return false;
+      if (now > own && now + n > limit) return false;
     } while (!held.compare_exchange_weak(now, now + n, std::memory_order_relaxed));
     return true;
   }

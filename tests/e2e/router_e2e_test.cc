@@ -413,8 +413,9 @@ TEST(RouterE2E, IdleAndStalledClientsAreClosedAtTheIdleTimeout) {
   EXPECT_EQ(ok.status, 200) << ok.body;
 }
 
-// --max-held-body-bytes: a request whose body would take the bodies held beyond the limit is not read until
-// they are released; then it is served. Nothing is refused or lost.
+// --max-held-body-bytes: a request whose body would take the bodies held beyond the limit is not read further
+// until they are released; then it is served. Nothing is refused or lost. A client that declares a large body
+// and sends none holds nothing.
 TEST(RouterE2E, HeldRequestBodiesAreBounded) {
   Fleet fleet(1, {"--max-held-body-bytes", "80000"});
   auto body = [](const std::string& tag) {
@@ -422,20 +423,30 @@ TEST(RouterE2E, HeldRequestBodiesAreBounded) {
     for (int i = 0; i < 9000; ++i) words += "word ";
     return chat_body(json::array{json::object{{"role", "user"}, {"content", tag + " " + words}}}, 1);
   };
-  // A: its head and the start of its 45 KB body; the rest comes later.
-  const std::string a = body("first");
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<std::uint16_t>(fleet.api()));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // A client that declares 8 MB and sends none of it holds nothing: a 45 KB request is served meanwhile.
+  const int idle = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(idle, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string declared = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 8000000\r\n\r\n";
+  ASSERT_EQ(::send(idle, declared.data(), declared.size(), 0), static_cast<ssize_t>(declared.size()));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(http(fleet.api(), "POST", "/v1/chat/completions", body("meanwhile")).status, 200);
+  ::close(idle);
+
+  // A: its head and 40 KB of its 45 KB body; the rest comes later. What it holds, 40 KB and a read's worth,
+  // leaves no room for another 45 KB body.
+  const std::string a = body("first");
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   const std::string head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                            "Content-Length: " + std::to_string(a.size()) + "\r\n\r\n";
-  const std::string start = head + a.substr(0, 1000);
+  const std::string start = head + a.substr(0, 40000);
   ASSERT_EQ(::send(fd, start.data(), start.size(), 0), static_cast<ssize_t>(start.size()));
   std::this_thread::sleep_for(200ms);
-  // B: 45 KB more would hold 90 KB, beyond the limit: B waits while A is held. A small request does not.
+  // B's 45 KB would go beyond the limit: B waits while A is held. A small request does not.
   EXPECT_EQ(http(fleet.api(), "POST", "/v1/chat/completions",
                  chat_body(json::array{json::object{{"role", "user"}, {"content", "short"}}}, 1))
                 .status,
@@ -446,7 +457,7 @@ TEST(RouterE2E, HeldRequestBodiesAreBounded) {
   EXPECT_EQ(b_status, 0) << "B was read while A's body was held";
   EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_body_budget_waits_total "), 1);
   // A's body ends: A is answered, and B goes on.
-  const std::string rest = a.substr(1000);
+  const std::string rest = a.substr(40000);
   ASSERT_EQ(::send(fd, rest.data(), rest.size(), 0), static_cast<ssize_t>(rest.size()));
   std::string got;
   char buf[4096];
