@@ -417,7 +417,7 @@ TEST(RouterE2E, IdleAndStalledClientsAreClosedAtTheIdleTimeout) {
 // until they are released; then it is served. Nothing is refused or lost. A client that declares a large body
 // and sends none holds nothing.
 TEST(RouterE2E, HeldRequestBodiesAreBounded) {
-  Fleet fleet(1, {"--max-held-body-bytes", "80000"});
+  Fleet fleet(1, {"--max-held-body-bytes", "90000"});
   auto body = [](const std::string& tag) {
     std::string words;
     for (int i = 0; i < 9000; ++i) words += "word ";
@@ -436,8 +436,8 @@ TEST(RouterE2E, HeldRequestBodiesAreBounded) {
   EXPECT_EQ(http(fleet.api(), "POST", "/v1/chat/completions", body("meanwhile")).status, 200);
   ::close(idle);
 
-  // A: its head and 40 KB of its 45 KB body; the rest comes later. What it holds, 40 KB and a read's worth,
-  // leaves no room for another 45 KB body.
+  // A: its head and 40 KB of its 45 KB body; the rest comes later. What it holds, 40 KB and a 16 KB read's
+  // worth, leaves no room for another 45 KB body and its read (90 KB in all is the limit).
   const std::string a = body("first");
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
