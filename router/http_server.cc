@@ -1133,6 +1133,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     if (path == "/metrics") {
       auto res = std::make_shared<http::response<http::string_body>>(http::status::ok, 11);
       res->set(http::field::content_type, "text/plain; version=0.0.4");
+      if (bodies_) svc_.metrics.set_held_body_bytes(bodies_->held.load(std::memory_order_relaxed));
       res->body() = svc_.metrics.serialize();
       return write_response(res);
     }

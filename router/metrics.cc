@@ -37,6 +37,11 @@ RouterMetrics::RouterMetrics()
                            .Help("Session bindings forgotten before their TTL because --max-sessions were held")
                            .Register(*registry_)
                            .Add({});
+  held_body_bytes_ = &prometheus::BuildGauge()
+                          .Name("kvroute_held_body_bytes")
+                          .Help("Request body bytes held now, counted against --max-held-body-bytes")
+                          .Register(*registry_)
+                          .Add({});
   body_budget_waits_ = &prometheus::BuildCounter()
                             .Name("kvroute_body_budget_waits_total")
                             .Help("Requests whose body waited, unread, because --max-held-body-bytes of bodies were held")

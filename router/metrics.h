@@ -62,6 +62,8 @@ class RouterMetrics {
   void sessions_evicted(std::size_t n) { sessions_evicted_->Increment(static_cast<double>(n)); }
   // A request waited before its body was read because --max-held-body-bytes were held.
   void body_budget_wait() { body_budget_waits_->Increment(); }
+  // Request body bytes held now (set when /metrics is read).
+  void set_held_body_bytes(std::uint64_t n) { held_body_bytes_->Set(static_cast<double>(n)); }
   // A /tokenize outcome (cache_hit, tokenized, fallback) and the time it took.
   void tokenized(const std::string& outcome, double seconds);
   // A Responses API id whose worker this router did not know, looked up on the workers: found, not_found,
@@ -92,6 +94,7 @@ class RouterMetrics {
   prometheus::Gauge* sessions_;
   prometheus::Counter* sessions_evicted_;
   prometheus::Counter* body_budget_waits_;
+  prometheus::Gauge* held_body_bytes_;
   prometheus::Family<prometheus::Counter>& tokenize_total_;
   prometheus::Histogram* tokenize_seconds_;
   prometheus::Counter* lookups_found_;
