@@ -129,6 +129,17 @@ bool passed_through_root_route(std::string_view path) {
   return std::find(std::begin(kRoutes), std::end(kRoutes), path) != std::end(kRoutes);
 }
 
+// The workers to ask in a fan-out (models, response lookups, LoRA updates), read once: a worker whose health
+// changes meanwhile must not be counted in one pass and skipped in another, or the fan-out never completes.
+std::vector<std::shared_ptr<backends::Worker>> healthy_workers(const backends::WorkerRegistry& registry) {
+  std::vector<std::shared_ptr<backends::Worker>> out;
+  const auto workers = registry.snapshot();
+  for (const auto& w : *workers) {
+    if (w->healthy()) out.push_back(w);
+  }
+  return out;
+}
+
 // Appends one "name: value" header line.
 void append_field(std::string& head, std::string_view name, std::string_view value) {
   head.append(name);
@@ -241,7 +252,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     }
     if (!ec && parser_->is_header_done() && kind_ == Listener::Kind::kApi && bodies_) {
       // The body bytes held, and one more read's worth while the body is still coming: what is received
-      // counts, not what a header declares (a client that declares 8 MB and sends nothing holds nothing).
+      // counts, not what a header declares (a client that declares 8 MB and sends nothing holds one read).
       const std::uint64_t have = parser_->get().body().size();
       const std::uint64_t want = parser_->is_done() ? have : have + kClientReadChunk;
       if (want > body_reserved_) {
@@ -432,12 +443,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     auto lookup = std::make_shared<Lookup>();
     lookup->then = std::move(then);
     std::vector<std::shared_ptr<backends::Worker>> asked;
-    if (plausible) {
-      const auto workers = svc_.registry.snapshot();
-      for (const auto& w : *workers) {
-        if (w->healthy()) asked.push_back(w);
-      }
-    }
+    if (plausible) asked = healthy_workers(svc_.registry);
     lookup->pending = asked.size();
     if (lookup->pending == 0) return lookup->then();
     if (response_lookups_in_flight.fetch_add(1) >= kMaxResponseLookups) {
@@ -984,16 +990,13 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
 
   // ---- /v1/models ----
   void handle_models() {
-    auto workers = svc_.registry.snapshot();
+    const auto workers = healthy_workers(svc_.registry);
+    if (workers.empty()) return send_error(no_healthy_worker());
     auto state = std::make_shared<ModelsFanout>();
-    for (const auto& w : *workers) {
-      if (w->healthy()) ++state->pending;
-    }
-    if (state->pending == 0) return send_error(no_healthy_worker());
+    state->pending = static_cast<int>(workers.size());
     // With the client's credentials: workers with an API key list their models only to clients that have it.
     const std::string authorization(req_[http::field::authorization]);
-    for (const auto& w : *workers) {
-      if (!w->healthy()) continue;
+    for (const auto& w : workers) {
       backends::http_get(stream_.get_executor(), w->endpoint(), "/v1/models", std::chrono::seconds(5),
                          [self = shared_from_this(), state](Result<backends::SimpleResponse> r) {
                            asio::post(self->stream_.get_executor(), [self, state, r = std::move(r)]() mutable {
@@ -1011,11 +1014,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   // from the next 30 s refresh). When every worker accepted it, or every one refused it, the answer is the
   // first worker's; when only some refused, it is the first refusal's status, with what each one answered.
   void handle_lora_update(std::string path) {
-    auto workers = svc_.registry.snapshot();
     auto state = std::make_shared<LoraFanout>();
-    for (const auto& w : *workers) {
-      if (w->healthy()) state->asked.push_back(w);
-    }
+    state->asked = healthy_workers(svc_.registry);
     if (state->asked.empty()) return send_error(no_healthy_worker());
     state->replies.resize(state->asked.size());
     state->pending = state->asked.size();
@@ -1070,10 +1070,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
                 (reply ? "answered " + std::to_string(reply->status) + ": " + reply->body.substr(0, 300)
                        : reply.error().message);
     }
-    auto res = std::make_shared<http::response<http::string_body>>();
     if (succeeded == st.replies.size() || (!first_ok && *st.replies[*first_refusal])) {
       // All accepted, or all refused: the first worker's answer.
       const auto& reply = **st.replies[first_ok ? *first_ok : *first_refusal];
+      auto res = std::make_shared<http::response<http::string_body>>();
       res->result(static_cast<http::status>(reply.status));
       res->version(11);
       if (!reply.content_type.empty()) res->set(http::field::content_type, reply.content_type);
