@@ -79,7 +79,7 @@ class Router {
   std::size_t session_count() const;
   // Responses API: the worker that made (and stores) response `id`. A request that names it as its
   // previous_response_id goes to that worker while it is healthy: no other worker can continue it. The
-  // newest --response-ids ids are kept.
+  // --response-ids most recently seen ids are kept.
   void remember_response(std::string id, hashing::WorkerId worker);
   std::optional<hashing::WorkerId> response_owner(const std::string& id) const;
   // The worker a session is bound to, if any (admin and tests).

@@ -32,7 +32,8 @@ class Key {
 };
 
 // Reads a usage object: prompt_tokens and completion_tokens at its top level, cached_tokens of its
-// prompt_tokens_details (or the Responses API's input_tokens, output_tokens, input_tokens_details). Every other event is accepted and ignored.
+// prompt_tokens_details (or the Responses API's input_tokens, output_tokens, input_tokens_details). Every
+// other event is accepted and ignored.
 //   Usage mode: the document is the usage object itself.
 //   Chunk mode: the document is a stream chunk; its usage is the member "usage", and the handler also notes
 //   whether the chunk's "choices" is an empty array and its "usage" an object.

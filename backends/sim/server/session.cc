@@ -278,9 +278,7 @@ void SimSession::start_response(Request& req) {
   if (store_) conversation_.assign(api.prompt_tokens.begin(), api.prompt_tokens.end());
   if (!submit(std::move(api))) return;
   responses_api_ = true;
-  auto& store = worker_->responses();
-  std::string id = store.new_id("resp_");
-  rfmt_.emplace(std::move(id), store.new_id("msg_"), unix_seconds(), limits.served_model_name);
+  rfmt_.emplace(new_response_formatter());
   if (stream_mode_) {
     rfmt_->sse_created(out_pending_);  // at once, as vLLM sends created and in_progress before the engine runs
     schedule_flush();
@@ -288,10 +286,16 @@ void SimSession::start_response(Request& req) {
   watch();
 }
 
-void SimSession::start_background_response(ApiRequest api) {
+// A new response's formatter: fresh response and message ids from this worker's store, created now.
+ResponsesFormatter SimSession::new_response_formatter() {
   auto& store = worker_->responses();
   std::string id = store.new_id("resp_");
-  ResponsesFormatter fmt(std::move(id), store.new_id("msg_"), unix_seconds(), worker_->config().limits.served_model_name);
+  return ResponsesFormatter(std::move(id), store.new_id("msg_"), unix_seconds(),
+                            worker_->config().limits.served_model_name);
+}
+
+void SimSession::start_background_response(ApiRequest api) {
+  ResponsesFormatter fmt = new_response_formatter();
   std::string queued = fmt.without_output("queued");
   std::vector<std::uint32_t> prompt(api.prompt_tokens.begin(), api.prompt_tokens.end());
   auto job = std::make_shared<BackgroundResponse>(*worker_, std::move(fmt), std::move(prompt));

@@ -61,6 +61,7 @@ class SimSession : public RequestObserver, public std::enable_shared_from_this<S
   void start_completion(ApiKind kind, Request& req);
   void start_response(Request& req);
   void start_background_response(ApiRequest api);
+  ResponsesFormatter new_response_formatter();
   void get_response(std::string_view id);
   void cancel_response(std::string_view id);
   void update_lora(bool load, const std::string& body);
