@@ -231,7 +231,9 @@ BENCHMARK(BM_RoutingDecision)
 // (each worker's lock), learned rates, the model check, match, pick, and recording the routed chain; then
 // Router::complete, so the in-flight counts stay level. Arg `models`: 0 = the workers' models are not known
 // yet, 1 = every worker lists three models (the request's among them), 2 = half the workers serve another
-// model.
+// model; 3 and 4 = models unknown, and every worker's KV capacity known (25,000 or 4,000 blocks), so the router
+// also measures the request against one cache of the fleet's capacity (hashing/shared_cache.h): sampled at 1/32
+// or 1/4. (With 4,000 the chosen worker's entries beyond its capacity are evicted at its next record.)
 void BM_RouterRoute(benchmark::State& state) {
   constexpr int kWorkers = 64;
   const int models = static_cast<int>(state.range(0));
@@ -251,6 +253,10 @@ void BM_RouterRoute(benchmark::State& state) {
   }
   fill_background(router.index(), kWorkers, 1'000'000, 7);
   fill_conversation(router.index(), kWorkers, parsed().chain);
+  // Capacities as the workers' metrics would report them, set once the index is filled.
+  if (models >= 3) {
+    for (const auto& w : *workers) router.index().set_capacity(w->id(), models == 3 ? 25'000 : 4'000);
+  }
   const auto& r = parsed();
   for (auto _ : state) {
     auto d = router.route(r);
@@ -259,9 +265,11 @@ void BM_RouterRoute(benchmark::State& state) {
     router.complete(*d, kvroute::router::Outcome{true, std::nullopt});
     state.ResumeTiming();
   }
-  state.SetLabel(models == 0 ? "models unknown" : models == 1 ? "all serve the model" : "half serve it");
+  static const char* const kLabels[] = {"models unknown", "all serve the model", "half serve it",
+                                         "shared cache sampled 1/32", "shared cache sampled 1/4"};
+  state.SetLabel(kLabels[models]);
 }
-BENCHMARK(BM_RouterRoute)->ArgName("models")->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RouterRoute)->ArgName("models")->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);
 
 // ---------------------------------------------------------------------------------------------------------
 // Stage by stage.

@@ -47,6 +47,24 @@ RouterMetrics::RouterMetrics()
                             .Help("Requests whose body waited, unread, because --max-held-body-bytes of bodies were held")
                             .Register(*registry_)
                             .Add({});
+  auto& fleet_hits = prometheus::BuildCounter()
+                         .Name("kvroute_fleet_cache_hit_tokens_total")
+                         .Help("Cached prompt tokens of the requests whose usage was reported: as their workers reported them "
+                               "(cache=\"workers\"), and as one LRU cache holding the whole fleet's KV capacity would have "
+                               "served them (cache=\"shared\")")
+                         .Register(*registry_);
+  fleet_hits_workers_ = &fleet_hits.Add({{"cache", "workers"}});
+  fleet_hits_shared_ = &fleet_hits.Add({{"cache", "shared"}});
+  shared_capacity_ = &prometheus::BuildGauge()
+                          .Name("kvroute_shared_cache_capacity_blocks")
+                          .Help("KV capacity of the healthy workers, in blocks: the size of the shared cache the fleet is measured against")
+                          .Register(*registry_)
+                          .Add({});
+  shared_sample_rate_ = &prometheus::BuildGauge()
+                             .Name("kvroute_shared_cache_sample_rate")
+                             .Help("Share of blocks the shared cache keeps (1 = exact; less on fleets too large to model exactly)")
+                             .Register(*registry_)
+                             .Add({});
   auto& lookups = prometheus::BuildCounter()
                       .Name("kvroute_response_lookups_total")
                       .Help("Responses API ids this router had not seen made, looked up on the workers, by result")

@@ -8,6 +8,9 @@
 // Prediction truth: confirmed / reported is the share of real hits the router foresaw (recall), and
 // 1 - confirmed / predicted the share of predicted hits that were not there; confirmed counts, per request,
 // min(predicted, reported) cached tokens.
+// Cache efficiency: rate(kvroute_fleet_cache_hit_tokens_total{cache="workers"}) / rate(...{cache="shared"}), what
+// the workers served from cache against what one LRU holding the fleet's whole KV capacity would have served
+// for the same requests (hashing/shared_cache.h).
 #pragma once
 
 #include <memory>
@@ -64,6 +67,16 @@ class RouterMetrics {
   void body_budget_wait() { body_budget_waits_->Increment(); }
   // Request body bytes held now (set when /metrics is read).
   void set_held_body_bytes(std::uint64_t n) { held_body_bytes_->Set(static_cast<double>(n)); }
+  // One request measured against the shared cache: the cached tokens its worker reported and those one LRU of
+  // the fleet's capacity would have had.
+  void fleet_cache_hits(std::uint64_t workers, std::uint64_t shared) {
+    fleet_hits_workers_->Increment(static_cast<double>(workers));
+    fleet_hits_shared_->Increment(static_cast<double>(shared));
+  }
+  void set_shared_cache(std::uint64_t capacity_blocks, double sample_rate) {
+    shared_capacity_->Set(static_cast<double>(capacity_blocks));
+    shared_sample_rate_->Set(sample_rate);
+  }
   // A /tokenize outcome (cache_hit, tokenized, fallback) and the time it took.
   void tokenized(const std::string& outcome, double seconds);
   // A Responses API id whose worker this router did not know, looked up on the workers: found, not_found,
@@ -95,6 +108,10 @@ class RouterMetrics {
   prometheus::Counter* sessions_evicted_;
   prometheus::Counter* body_budget_waits_;
   prometheus::Gauge* held_body_bytes_;
+  prometheus::Counter* fleet_hits_workers_;
+  prometheus::Counter* fleet_hits_shared_;
+  prometheus::Gauge* shared_capacity_;
+  prometheus::Gauge* shared_sample_rate_;
   prometheus::Family<prometheus::Counter>& tokenize_total_;
   prometheus::Histogram* tokenize_seconds_;
   prometheus::Counter* lookups_found_;

@@ -1,6 +1,7 @@
 #include "router/router.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace kvroute::router {
 
@@ -162,16 +163,44 @@ Result<Decision> Router::route(const RoutableRequest& request) {
     s->predicted_cached_tokens->Increment(static_cast<double>(d.pick.predicted_cached_tokens));
   }
   metrics_.decision_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+
+  // What one cache holding the whole fleet's KV capacity would have served; measured only while every healthy
+  // worker's capacity is known (reported, or --worker-kv-blocks), so the comparison is never against a cache
+  // smaller than the fleet's.
+  std::uint64_t fleet_blocks = 0;
+  bool known = true;
+  for (const auto& w : *workers) {
+    if (!w->healthy()) continue;
+    const std::uint64_t blocks = w->id() < capacity.size() ? capacity[w->id()] : 0;
+    known = known && blocks > 0;
+    fleet_blocks += blocks;
+  }
+  if (known && fleet_blocks > 0) {
+    shared_cache_.set_capacity(fleet_blocks);
+    metrics_.set_shared_cache(fleet_blocks, shared_cache_.sample_rate());
+    d.shared_cached_tokens = servable_tokens(request, shared_cache_.access(request.chain.hashes));
+  }
   return d;
+}
+
+std::uint64_t Router::servable_tokens(const RoutableRequest& request, std::uint64_t blocks) {
+  blocks = std::min<std::uint64_t>(blocks, servable_blocks(request));
+  const auto tokens = static_cast<std::uint64_t>(std::llround(static_cast<double>(blocks) * request.chain.tokens_per_block()));
+  return std::min(tokens, request.prompt_tokens);
+}
+
+std::uint32_t Router::servable_blocks(const RoutableRequest& request) {
+  if (request.chain.unit != hashing::Unit::kToken || request.chain.total_units == 0) return UINT32_MAX;
+  // An engine always computes the prompt's last token to get its logits, so a fully cached prompt still
+  // recomputes its last block: vLLM caps a hit at prompt_len - 1 tokens (vllm/v1/core/kv_cache_manager.py,
+  // get_computed_blocks). Predictions follow the same rule so they match what the worker reports.
+  return static_cast<std::uint32_t>((request.chain.total_units - 1) / request.chain.block_units);
 }
 
 void Router::match_prefix(const RoutableRequest& request, hashing::PrefixIndex::Match& out) const {
   index_.match(request.chain.hashes, out);
-  if (request.chain.unit != hashing::Unit::kToken || request.chain.total_units == 0) return;
-  // An engine always computes the prompt's last token to get its logits, so a fully cached prompt still
-  // recomputes its last block: vLLM caps a hit at prompt_len - 1 tokens (vllm/v1/core/kv_cache_manager.py,
-  // get_computed_blocks). Predictions follow the same rule so they match what the worker reports.
-  const auto cap = static_cast<std::uint32_t>((request.chain.total_units - 1) / request.chain.block_units);
+  const std::uint32_t cap = servable_blocks(request);
+  if (cap == UINT32_MAX) return;
   for (auto& b : out.blocks) b = std::min(b, cap);
   for (auto& b : out.cpu_blocks) b = std::min(b, cap);
   out.longest = std::min(out.longest, cap);
@@ -246,6 +275,7 @@ void Router::complete(Decision& d, const Outcome& outcome) {
       s->reported_cached_tokens->Increment(static_cast<double>(u.cached_tokens));
       s->confirmed_cached_tokens->Increment(static_cast<double>(std::min(u.cached_tokens, d.pick.predicted_cached_tokens)));
       s->completion_tokens->Increment(static_cast<double>(u.completion_tokens));
+      if (d.shared_cached_tokens) metrics_.fleet_cache_hits(u.cached_tokens, *d.shared_cached_tokens);
     }
   }
   metrics_.set_index(index_.entries(), index_.memory_bytes());

@@ -18,6 +18,7 @@
 
 #include "backends/worker_registry.h"
 #include "hashing/prefix_index.h"
+#include "hashing/shared_cache.h"
 #include "policy/rate_learner.h"
 #include "policy/routing_policy.h"
 #include "router/config.h"
@@ -44,6 +45,9 @@ struct Decision {
   double queue_s = 0;              // prefill work the router believed queued ahead at dispatch (seconds)
   std::uint64_t decode_context_tokens = 0;  // the worker's active decode tokens at dispatch
   std::vector<hashing::BlockHash> expected;  // precise mode: blocks predicted at dispatch, settled at the end
+  // Prompt tokens one LRU holding the fleet's whole KV capacity would have served (hashing/shared_cache.h);
+  // unset while a healthy worker's capacity is unknown.
+  std::optional<std::uint64_t> shared_cached_tokens;
 };
 
 struct Usage {
@@ -91,6 +95,10 @@ class Router {
     std::chrono::steady_clock::time_point last_used;
   };
   void match_prefix(const RoutableRequest& request, hashing::PrefixIndex::Match& out) const;
+  // The most leading blocks an engine serves from cache for this prompt (UINT32_MAX: no limit known), and
+  // `blocks` leading blocks as the tokens an engine would serve.
+  static std::uint32_t servable_blocks(const RoutableRequest& request);
+  static std::uint64_t servable_tokens(const RoutableRequest& request, std::uint64_t blocks);
   void bind_session(const std::string& key, hashing::WorkerId worker);
 
   const Config& config_;
@@ -99,6 +107,7 @@ class Router {
   RouterMetrics& metrics_;
   hashing::PrefixIndex index_;
   policy::RateLearner learner_;
+  hashing::SharedCache shared_cache_;  // the fleet's capacity as one cache, for kvroute_fleet_cache_hit_tokens_total
   std::atomic<std::uint64_t> sequence_{0};
 
   // At most --max-sessions bindings, the least recently used forgotten first; idle ones expire off the old end.

@@ -98,6 +98,10 @@ stop_router() {
   router_pid=""
 }
 
+save_metrics() {  # policy
+  curl -sf "http://127.0.0.1:$admin_port/metrics" >"$logs/metrics-$1.txt" || true
+}
+
 replay() {  # policy
   "$bin/kvroute-bench" replay --target "http://127.0.0.1:$api_port" --workload "$workload" --seed "$seed" \
     --max-requests "$requests" --speed "$speed" --request-rate "$request_rate" --label "$1" \
@@ -108,6 +112,7 @@ replay() {  # policy
 echo "== 2/4  kvroute --policy round_robin on 127.0.0.1:$api_port; replaying $requests requests of '$workload' ($request_rate/s)"
 start_router round_robin
 replay round_robin
+save_metrics round_robin
 stop_router
 
 for ((i = 0; i < workers; i++)); do  # both policies start from cold caches
@@ -116,18 +121,28 @@ done
 echo "== 3/4  kvroute --policy kv_cost (restarted; same workers, caches emptied); replaying the same $requests requests"
 start_router kv_cost
 replay kv_cost
+save_metrics kv_cost
 stop_router
 
 # Reads one number from a replay's JSON report (boost.json may write exponents: awk reads them).
 field() { grep -o "\"$2\":[^,}]*" "$logs/replay-$1.json" | head -1 | cut -d: -f2; }
 
 echo "== 4/4  result: '$workload', $requests requests, $workers workers (times in model seconds)"
-printf '   %-12s %9s %11s %11s %7s %7s\n' policy "hit rate" "TTFT mean" "TTFT p99" done errors
+# The router's own measure: the cached tokens the workers reported over those one cache of the fleet's whole
+# KV capacity would have served on the same requests (kvroute_fleet_cache_hit_tokens_total).
+efficiency() {
+  awk '/^kvroute_fleet_cache_hit_tokens_total\{cache="workers"\}/ { w = $2 }
+       /^kvroute_fleet_cache_hit_tokens_total\{cache="shared"\}/ { s = $2 }
+       END { if (s > 0) printf "%.0f%%", 100 * w / s; else printf "-" }' "$logs/metrics-$1.txt" 2>/dev/null || printf -- "-"
+}
+printf '   %-12s %9s %11s %11s %11s %7s %7s\n' policy "hit rate" "vs shared" "TTFT mean" "TTFT p99" done errors
 for p in round_robin kv_cost; do
-  awk -v p="$p" -v h="$(field $p hit_rate)" -v m="$(field $p ttft_mean_s)" -v q="$(field $p ttft_p99_s)" \
-    -v d="$(field $p completed)" -v e="$(field $p errors)" \
-    'BEGIN { printf "   %-12s %8.1f%% %9.3f s %9.3f s %7d %7d\n", p, 100 * h, m, q, d, e }'
+  awk -v p="$p" -v h="$(field $p hit_rate)" -v x="$(efficiency $p)" -v m="$(field $p ttft_mean_s)" \
+    -v q="$(field $p ttft_p99_s)" -v d="$(field $p completed)" -v e="$(field $p errors)" \
+    'BEGIN { printf "   %-12s %8.1f%% %11s %9.3f s %9.3f s %7d %7d\n", p, 100 * h, x, m, q, d, e }'
 done
+echo "   vs shared: the hit rate against what one cache holding all the workers' KV capacity would reach"
+echo "   on the same requests (the router's kvroute_fleet_cache_hit_tokens_total)"
 awk -v a="$(field round_robin ttft_mean_s)" -v b="$(field kv_cost ttft_mean_s)" \
   -v c="$(field round_robin ttft_p99_s)" -v d="$(field kv_cost ttft_p99_s)" \
   'BEGIN { if (b > 0 && d > 0) printf "   kv_cost: %.1fx lower mean TTFT, %.1fx lower p99 than round_robin\n", a / b, c / d }'

