@@ -232,7 +232,7 @@ BENCHMARK(BM_RoutingDecision)
 // Router::complete, so the in-flight counts stay level. Arg `models`: 0 = the workers' models are not known
 // yet, 1 = every worker lists three models (the request's among them), 2 = half the workers serve another
 // model; 3 and 4 = models unknown, and every worker's KV capacity known (25,000 or 4,000 blocks), so the router
-// also measures the request against one cache of the fleet's capacity (hashing/shared_cache.h): sampled at 1/32
+// also measures the request against one cache of the fleet's capacity (hashing/shared_cache.h): sampled at 1/8
 // or 1/4. (With 4,000 the chosen worker's entries beyond its capacity are evicted at its next record.)
 void BM_RouterRoute(benchmark::State& state) {
   constexpr int kWorkers = 64;
@@ -266,7 +266,7 @@ void BM_RouterRoute(benchmark::State& state) {
     state.ResumeTiming();
   }
   static const char* const kLabels[] = {"models unknown", "all serve the model", "half serve it",
-                                         "shared cache sampled 1/32", "shared cache sampled 1/4"};
+                                         "shared cache sampled 1/8", "shared cache sampled 1/4"};
   state.SetLabel(kLabels[models]);
 }
 BENCHMARK(BM_RouterRoute)->ArgName("models")->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);

@@ -10,7 +10,7 @@ void SharedCache::set_capacity(std::uint64_t blocks) {
   std::lock_guard lock(mu_);
   if (blocks == capacity_) return;
   int bits = 0;
-  while ((blocks >> bits) > max_entries_) ++bits;
+  while ((blocks >> bits) > max_entries_ && bits < kMaxRateBits) ++bits;
   if (bits != rate_bits_) lru_.clear_worker(0);
   rate_bits_ = bits;
   capacity_ = blocks;
