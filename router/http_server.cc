@@ -1172,6 +1172,17 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       out["workers"] = std::move(arr);
       out["sessions"] = svc_.router.session_count();
       out["index_entries"] = svc_.router.index().entries();
+      // The fleet's cache efficiency since start (docs/operations.md, "Cache efficiency").
+      const auto& shared = svc_.router.shared_cache();
+      const auto [hits_workers, hits_shared] = svc_.metrics.fleet_cache_hits();
+      json::object sc;
+      sc["capacity_blocks"] = shared.capacity();
+      sc["sample_rate"] = shared.sample_rate();
+      sc["entries"] = shared.entries();
+      sc["hit_tokens_workers"] = hits_workers;
+      sc["hit_tokens_shared"] = hits_shared;
+      if (hits_shared > 0) sc["efficiency"] = hits_workers / hits_shared;
+      out["shared_cache"] = std::move(sc);
       return send_json(200, json::serialize(out));
     }
     if (path == "/admin/workers" && req_.method() == http::verb::post) {

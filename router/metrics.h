@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -73,6 +74,8 @@ class RouterMetrics {
     fleet_hits_workers_->Increment(static_cast<double>(workers));
     fleet_hits_shared_->Increment(static_cast<double>(shared));
   }
+  // The totals of the two series above: {workers, shared}.
+  std::pair<double, double> fleet_cache_hits() const { return {fleet_hits_workers_->Value(), fleet_hits_shared_->Value()}; }
   void set_shared_cache(std::uint64_t capacity_blocks, double sample_rate) {
     shared_capacity_->Set(static_cast<double>(capacity_blocks));
     shared_sample_rate_->Set(sample_rate);

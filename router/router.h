@@ -77,6 +77,8 @@ class Router {
   void complete(Decision& d, const Outcome& outcome);
 
   hashing::PrefixIndex& index() { return index_; }
+  // One cache of the fleet's whole KV capacity, the reference of kvroute_fleet_cache_hit_tokens_total.
+  const hashing::SharedCache& shared_cache() const { return shared_cache_; }
   // Rates learned online per worker (architecture section 7), for the admin API.
   policy::WorkerRates learned_rates(hashing::WorkerId id) const { return learner_.rates(id); }
   const policy::RoutingPolicy& policy() const { return *policy_; }

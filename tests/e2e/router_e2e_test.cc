@@ -243,6 +243,12 @@ TEST(RouterE2E, FleetCacheEfficiencyIsMeasuredAgainstOneSharedCache) {
       EXPECT_EQ(reported, (std::vector<std::uint64_t>{0, hit, hit, hit}));
       EXPECT_EQ(workers, 3.0 * hit);
     }
+    // The same totals, and their ratio, on the admin API.
+    const auto admin = json::parse(http(fleet.admin(), "GET", "/admin/workers").body).at("shared_cache");
+    EXPECT_EQ(admin.at("capacity_blocks").to_number<double>(), 8192);
+    EXPECT_EQ(admin.at("hit_tokens_shared").to_number<double>(), shared);
+    EXPECT_EQ(admin.at("hit_tokens_workers").to_number<double>(), workers);
+    EXPECT_DOUBLE_EQ(admin.at("efficiency").to_number<double>(), policy == "round_robin" ? 2.0 / 3 : 1.0);
   }
 }
 
