@@ -179,6 +179,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
     shared_cache_.set_capacity(fleet_blocks);
     metrics_.set_shared_cache(fleet_blocks, shared_cache_.sample_rate());
     d.shared_cached_tokens = servable_tokens(request, shared_cache_.access(request.chain.hashes));
+    d.tokens_estimated = request.chain.unit != hashing::Unit::kToken;
   }
   return d;
 }
@@ -275,7 +276,18 @@ void Router::complete(Decision& d, const Outcome& outcome) {
       s->reported_cached_tokens->Increment(static_cast<double>(u.cached_tokens));
       s->confirmed_cached_tokens->Increment(static_cast<double>(std::min(u.cached_tokens, d.pick.predicted_cached_tokens)));
       s->completion_tokens->Increment(static_cast<double>(u.completion_tokens));
-      if (d.shared_cached_tokens) metrics_.fleet_cache_hits(u.cached_tokens, *d.shared_cached_tokens);
+      if (d.shared_cached_tokens) {
+        // A text prompt's blocks stand for the router's estimate of its tokens; the worker has now said how many
+        // there were, so the shared cache's figure is scaled to the same count as the worker's.
+        std::uint64_t shared = *d.shared_cached_tokens;
+        if (d.tokens_estimated && d.prompt_tokens > 0 && u.prompt_tokens > 0) {
+          shared = std::min<std::uint64_t>(u.prompt_tokens - 1,
+                                           static_cast<std::uint64_t>(std::llround(static_cast<double>(shared) *
+                                                                                   static_cast<double>(u.prompt_tokens) /
+                                                                                   static_cast<double>(d.prompt_tokens))));
+        }
+        metrics_.fleet_cache_hits(u.cached_tokens, shared);
+      }
     }
   }
   metrics_.set_index(index_.entries(), index_.memory_bytes());

@@ -46,8 +46,10 @@ struct Decision {
   std::uint64_t decode_context_tokens = 0;  // the worker's active decode tokens at dispatch
   std::vector<hashing::BlockHash> expected;  // precise mode: blocks predicted at dispatch, settled at the end
   // Prompt tokens one LRU holding the fleet's whole KV capacity would have served (hashing/shared_cache.h);
-  // unset while a healthy worker's capacity is unknown.
+  // unset while a healthy worker's capacity is unknown. In the router's estimate of the prompt's tokens when
+  // `tokens_estimated` (a text prompt hashed without the worker's tokenizer).
   std::optional<std::uint64_t> shared_cached_tokens;
+  bool tokens_estimated = false;
 };
 
 struct Usage {

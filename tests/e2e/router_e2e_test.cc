@@ -249,6 +249,25 @@ TEST(RouterE2E, FleetCacheEfficiencyIsMeasuredAgainstOneSharedCache) {
     EXPECT_EQ(admin.at("hit_tokens_shared").to_number<double>(), shared);
     EXPECT_EQ(admin.at("hit_tokens_workers").to_number<double>(), workers);
     EXPECT_DOUBLE_EQ(admin.at("efficiency").to_number<double>(), policy == "round_robin" ? 2.0 / 3 : 1.0);
+
+    // A chat prompt, hashed as text: its blocks stand for the router's estimate of its tokens, and the shared
+    // figure is scaled to the tokens the worker counted, so the ratio stays what the routing made it.
+    json::array messages;
+    messages.push_back(json::object{{"role", "system"}, {"content", std::string(1500, 'S') + " a long shared prompt"}});
+    messages.push_back(json::object{{"role", "user"}, {"content", "the same question every time"}});
+    std::uint64_t chat_reported = 0;
+    for (int i = 0; i < 4; ++i) {
+      auto r = http(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 4));
+      ASSERT_EQ(r.status, 200) << r.body << r.error;
+      chat_reported += cached_tokens(r.body);
+    }
+    ASSERT_GT(chat_reported, 600u);
+    const double chat_workers =
+        counter_reaching(fleet.admin(), "kvroute_fleet_cache_hit_tokens_total{cache=\"workers\"}", workers + chat_reported) - workers;
+    const double chat_shared = worker_counter(fleet.admin(), "kvroute_fleet_cache_hit_tokens_total{cache=\"shared\"}") - shared;
+    EXPECT_EQ(chat_workers, static_cast<double>(chat_reported));
+    EXPECT_NEAR(chat_workers / chat_shared, policy == "round_robin" ? 2.0 / 3 : 1.0, 0.03)
+        << chat_workers << " / " << chat_shared;
   }
 }
 
