@@ -337,6 +337,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     }
     request_id_ = std::string(req_["x-request-id"]);
     if (request_id_.empty() || request_id_.size() > 200) request_id_ = new_request_id();
+    end_background_watch();
     if (kind_ == Listener::Kind::kAdmin) return handle_admin();
     handle_api();
   }
@@ -380,6 +381,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       if (path.starts_with("/v1/responses/")) {
         const std::string_view rest = path.substr(std::string_view("/v1/responses/").size());
         std::string id(rest.substr(0, rest.find('/')));
+        watch_background(id, rest.substr(id.size()), method);
         if (const auto owner = svc_.router.response_owner(id)) return forward_to_owner(*owner);
         return find_response_owner(id, [self = shared_from_this(), id] { self->forward_to_response_owner(id); });
       }
@@ -793,6 +795,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       }
       keep_tail(piece);
       if (capture_id_) capture_response_id(piece);
+      if (status_reader_) status_reader_->feed(piece);
     }
     if (strip_active_) {
       sse_.append(relay_.data(), got);
@@ -842,9 +845,48 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     do_read();
   }
 
+  // A poll, cancel or delete of a background response whose load the router holds: its answer may show that the
+  // response has ended (Router::holds_background).
+  void watch_background(const std::string& id, std::string_view suffix, http::verb method) {
+    if (!svc_.router.holds_background(id)) return;
+    if (suffix.empty() && method == http::verb::get) {
+      background_watch_ = BackgroundWatch::kPoll;
+      status_reader_ = std::make_unique<ResponseStatusReader>();
+    } else if ((suffix.empty() && method == http::verb::delete_) || (suffix == "/cancel" && method == http::verb::post)) {
+      background_watch_ = BackgroundWatch::kEnd;
+    } else {
+      return;
+    }
+    background_id_ = id;
+  }
+
+  // The exchange watched by watch_background() is over: a 2xx cancel or delete ends the response, and so does a
+  // poll answered with a final status, or a 404 (the worker no longer has it: restarted, or it was deleted).
+  void settle_background(bool ok) {
+    if (background_watch_ == BackgroundWatch::kNone) return;
+    bool ended = false;
+    if (background_watch_ == BackgroundWatch::kEnd) {
+      ended = ok;
+    } else if (status_ == 404) {
+      ended = true;
+    } else if (ok && status_reader_) {
+      const auto status = status_reader_->finish();
+      ended = status && final_response_status(*status);
+    }
+    if (ended) svc_.router.background_ended(background_id_);
+    end_background_watch();
+  }
+
+  void end_background_watch() {
+    background_watch_ = BackgroundWatch::kNone;
+    background_id_.clear();
+    status_reader_.reset();
+  }
+
   void capture_response_id(std::string_view piece) {
     id_head_.append(piece);
     if (auto id = response_id(id_head_, id_in_events_)) {
+      if (decision_ && decision_->background) decision_->response_id = *id;
       svc_.router.remember_response(std::move(*id), worker_->id());
       capture_id_ = false;
     } else if (id_head_.size() > kResponseIdHead) {
@@ -862,6 +904,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   // Ends the exchange once: releases the upstream connection and tells the router how it went.
   void finish(bool ok, bool reusable, bool worker_failed = true) {
     ++generation_;
+    settle_background(ok);
     beast::error_code ignored;
     if (lease_.stream) {
       lease_.stream->expires_never();
@@ -1134,6 +1177,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       auto res = std::make_shared<http::response<http::string_body>>(http::status::ok, 11);
       res->set(http::field::content_type, "text/plain; version=0.0.4");
       if (bodies_) svc_.metrics.set_held_body_bytes(bodies_->held.load(std::memory_order_relaxed));
+      svc_.router.background_held();  // lets go of those past --request-timeout, and sets the gauge
       res->body() = svc_.metrics.serialize();
       return write_response(res);
     }
@@ -1410,6 +1454,11 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   bool id_in_events_ = false;  // ... streamed: the id is in the first event
   bool await_output_ = false;  // a Responses API stream before its first output event (no first byte yet)
   std::string id_head_;        // the response's first bytes, until its id is read
+  // A background response the router holds load for, polled (its status read from the answer) or ended here.
+  enum class BackgroundWatch : std::uint8_t { kNone, kPoll, kEnd };
+  BackgroundWatch background_watch_ = BackgroundWatch::kNone;
+  std::string background_id_;
+  std::unique_ptr<ResponseStatusReader> status_reader_;
   bool strip_usage_ = false;   // this request's usage event was added by the router
   bool strip_active_ = false;  // ... and the response is an event stream to remove it from
   std::string up_body_;        // rewritten upstream body, when not empty

@@ -65,6 +65,11 @@ RouterMetrics::RouterMetrics()
                              .Help("Share of blocks the shared cache keeps (1 = exact; less on fleets too large to model exactly)")
                              .Register(*registry_)
                              .Add({});
+  background_held_ = &prometheus::BuildGauge()
+                          .Name("kvroute_background_responses_held")
+                          .Help("Background responses (Responses API) queued on a worker and counted as its load until they end")
+                          .Register(*registry_)
+                          .Add({});
   auto& lookups = prometheus::BuildCounter()
                       .Name("kvroute_response_lookups_total")
                       .Help("Responses API ids this router had not seen made, looked up on the workers, by result")

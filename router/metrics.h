@@ -74,6 +74,8 @@ class RouterMetrics {
     fleet_hits_workers_->Increment(static_cast<double>(workers));
     fleet_hits_shared_->Increment(static_cast<double>(shared));
   }
+  // Background responses whose load is held on their worker (Router::holds_background).
+  void set_background_held(std::size_t n) { background_held_->Set(static_cast<double>(n)); }
   // The totals of the two series above: {workers, shared}.
   std::pair<double, double> fleet_cache_hits() const { return {fleet_hits_workers_->Value(), fleet_hits_shared_->Value()}; }
   void set_shared_cache(std::uint64_t capacity_blocks, double sample_rate) {
@@ -115,6 +117,7 @@ class RouterMetrics {
   prometheus::Counter* fleet_hits_shared_;
   prometheus::Gauge* shared_capacity_;
   prometheus::Gauge* shared_sample_rate_;
+  prometheus::Gauge* background_held_;
   prometheus::Family<prometheus::Counter>& tokenize_total_;
   prometheus::Histogram* tokenize_seconds_;
   prometheus::Counter* lookups_found_;

@@ -64,6 +64,7 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
 
 Result<Decision> Router::route(const RoutableRequest& request) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (background_count_.load(std::memory_order_relaxed) > 0) expire_background(t0);
   auto workers = registry_.snapshot();
   thread_local std::vector<policy::WorkerView> views;
   thread_local hashing::PrefixIndex::Match match;
@@ -244,7 +245,12 @@ void Router::first_byte(Decision& d) {
 
 void Router::complete(Decision& d, const Outcome& outcome) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
-  d.worker->end(d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
+  // A queued background response keeps its load on the worker until it ends (holds_background()).
+  if (d.background && outcome.ok && !d.response_id.empty() && !d.worker->removed()) {
+    hold_background(d);
+  } else {
+    d.worker->end(d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
+  }
   metrics_.request_seconds(total);
   if (!outcome.ok && outcome.worker_failed) metrics_.error("upstream");
   // A worker removed while the request ran: its id (the key of the index, the learned rates and the
@@ -292,6 +298,86 @@ void Router::complete(Decision& d, const Outcome& outcome) {
   }
   metrics_.set_index(index_.entries(), index_.memory_bytes());
   metrics_.set_sessions(session_count());
+}
+
+void Router::hold_background(const Decision& d) {
+  HeldBackground h{d.worker, d.first_byte_seen, d.uncached_tokens, d.prompt_tokens,
+                   std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                         std::chrono::duration<double>(config_.request_timeout_s))};
+  std::optional<HeldBackground> replaced;
+  std::size_t held = 0;
+  {
+    std::lock_guard lock(background_mu_);
+    background_order_.emplace_back(h.deadline, d.response_id);
+    auto [it, inserted] = background_.try_emplace(d.response_id, h);
+    if (!inserted) {  // the same id again (a worker reusing ids): the older request is over
+      replaced = it->second;
+      it->second = std::move(h);
+    }
+    held = background_.size();
+    background_count_.store(held, std::memory_order_relaxed);
+  }
+  if (replaced) release(*replaced);
+  metrics_.set_background_held(held);
+  if (held > kMaxHeldBackground) expire_background(std::chrono::steady_clock::now());
+}
+
+bool Router::holds_background(const std::string& id) const {
+  if (background_count_.load(std::memory_order_relaxed) == 0) return false;
+  std::lock_guard lock(background_mu_);
+  return background_.contains(id);
+}
+
+void Router::background_ended(const std::string& id) {
+  std::optional<HeldBackground> ended;
+  std::size_t held = 0;
+  {
+    std::lock_guard lock(background_mu_);
+    auto it = background_.find(id);
+    if (it == background_.end()) return;
+    ended = std::move(it->second);
+    background_.erase(it);
+    held = background_.size();
+    background_count_.store(held, std::memory_order_relaxed);
+  }
+  release(*ended);
+  metrics_.set_background_held(held);
+}
+
+std::size_t Router::background_held() {
+  expire_background(std::chrono::steady_clock::now());
+  const std::size_t held = background_count_.load(std::memory_order_relaxed);
+  metrics_.set_background_held(held);
+  return held;
+}
+
+void Router::expire_background(std::chrono::steady_clock::time_point now) {
+  std::vector<HeldBackground> expired;
+  std::size_t held = 0;
+  {
+    std::lock_guard lock(background_mu_);
+    while (!background_order_.empty() &&
+           (background_order_.front().first <= now || background_.size() > kMaxHeldBackground)) {
+      const auto& [deadline, id] = background_order_.front();
+      auto it = background_.find(id);
+      if (it != background_.end() && it->second.deadline == deadline) {
+        expired.push_back(std::move(it->second));
+        background_.erase(it);
+      }
+      background_order_.pop_front();
+    }
+    held = background_.size();
+    background_count_.store(held, std::memory_order_relaxed);
+  }
+  if (expired.empty()) return;
+  for (const auto& h : expired) release(h);
+  metrics_.set_background_held(held);
+}
+
+void Router::release(const HeldBackground& h) {
+  h.worker->end(h.first_token, h.uncached, h.context);
+  if (h.worker->removed()) return;
+  if (auto s = metrics_.worker(h.worker->id())) s->in_flight->Set(h.worker->in_flight());
 }
 
 void Router::bind_session(const std::string& key, hashing::WorkerId worker) {

@@ -11,10 +11,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "backends/worker_registry.h"
 #include "hashing/prefix_index.h"
@@ -50,6 +52,7 @@ struct Decision {
   // `tokens_estimated` (a text prompt hashed without the worker's tokenizer).
   std::optional<std::uint64_t> shared_cached_tokens;
   bool tokens_estimated = false;
+  std::string response_id;  // a background request's response id, from its "queued" answer
 };
 
 struct Usage {
@@ -93,6 +96,16 @@ class Router {
   // The worker a session is bound to, if any (admin and tests).
   std::optional<hashing::WorkerId> session_worker(const std::string& key) const;
 
+  // Background responses ("background": true) are answered "queued" at once and run on their worker afterwards.
+  // complete() keeps such a request's load (in flight, its context in decode) on the worker until this router
+  // sees it end: a poll through it answered with a final status, a cancel or delete passed through it, or
+  // --request-timeout after the answer (another router replica's polls are not seen). At most 100,000 are held;
+  // beyond, the oldest is let go.
+  bool holds_background(const std::string& id) const;
+  void background_ended(const std::string& id);
+  // How many are held, after letting go of those past their deadline (sets the metric; read at /metrics).
+  std::size_t background_held();
+
  private:
   struct Binding {
     hashing::WorkerId worker;
@@ -104,6 +117,17 @@ class Router {
   static std::uint32_t servable_blocks(const RoutableRequest& request);
   static std::uint64_t servable_tokens(const RoutableRequest& request, std::uint64_t blocks);
   void bind_session(const std::string& key, hashing::WorkerId worker);
+  static constexpr std::size_t kMaxHeldBackground = 100'000;
+  struct HeldBackground {
+    std::shared_ptr<backends::Worker> worker;
+    bool first_token = false;
+    std::uint64_t uncached = 0, context = 0;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  void hold_background(const Decision& d);
+  // Lets go of the held responses whose deadline has passed (and the oldest beyond the cap).
+  void expire_background(std::chrono::steady_clock::time_point now);
+  void release(const HeldBackground& h);
 
   const Config& config_;
   backends::WorkerRegistry& registry_;
@@ -117,6 +141,12 @@ class Router {
   // At most --max-sessions bindings, the least recently used forgotten first; idle ones expire off the old end.
   mutable std::mutex sessions_mu_;
   util::RecencyMap<Binding> sessions_;  // guarded by sessions_mu_
+
+  mutable std::mutex background_mu_;
+  std::unordered_map<std::string, HeldBackground> background_;  // guarded by background_mu_
+  // (deadline, id) in the order held, so also in deadline order; ids let go earlier are skipped when reached.
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::string>> background_order_;  // guarded by background_mu_
+  std::atomic<std::size_t> background_count_{0};  // background_.size(), read without the lock on the routing path
 
   // The newest --response-ids ids (the least recently seen forgotten first).
   mutable std::mutex responses_mu_;

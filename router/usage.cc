@@ -140,6 +140,75 @@ class UsageHandler {
   Key keys_[kKeys];
 };
 
+// Reads the string value of the key "status" of the top-level object; every other event is accepted and
+// ignored. Values over 64 bytes are not a status and are dropped.
+class StatusHandler {
+ public:
+  static constexpr std::size_t max_object_size = static_cast<std::size_t>(-1);
+  static constexpr std::size_t max_array_size = static_cast<std::size_t>(-1);
+  static constexpr std::size_t max_key_size = static_cast<std::size_t>(-1);
+  static constexpr std::size_t max_string_size = static_cast<std::size_t>(-1);
+
+  std::string status;
+  bool found = false;
+
+  bool on_document_begin(json::error_code&) { return true; }
+  bool on_document_end(json::error_code&) { return true; }
+  bool on_object_begin(json::error_code&) { return open(); }
+  bool on_object_end(std::size_t, json::error_code&) { return close(); }
+  bool on_array_begin(json::error_code&) { return open(); }
+  bool on_array_end(std::size_t, json::error_code&) { return close(); }
+  bool on_key_part(json::string_view part, std::size_t, json::error_code&) {
+    if (depth_ == 1) {
+      if (!key_open_) key_.clear();
+      key_.append(part);
+    }
+    key_open_ = true;
+    return true;
+  }
+  bool on_key(json::string_view part, std::size_t n, json::error_code& ec) {
+    on_key_part(part, n, ec);
+    key_open_ = false;
+    return true;
+  }
+  bool on_string_part(json::string_view part, std::size_t, json::error_code&) {
+    if (depth_ == 1 && key_ == "status" && value_.size() + part.size() <= 64) value_.append(part);
+    return true;
+  }
+  bool on_string(json::string_view part, std::size_t n, json::error_code& ec) {
+    on_string_part(part, n, ec);
+    if (depth_ == 1 && key_ == "status" && value_.size() <= 64) {
+      status = value_;
+      found = true;
+    }
+    value_.clear();
+    return true;
+  }
+  bool on_number_part(json::string_view, json::error_code&) { return true; }
+  bool on_int64(std::int64_t, json::string_view, json::error_code&) { return true; }
+  bool on_uint64(std::uint64_t, json::string_view, json::error_code&) { return true; }
+  bool on_double(double, json::string_view, json::error_code&) { return true; }
+  bool on_bool(bool, json::error_code&) { return true; }
+  bool on_null(json::error_code&) { return true; }
+  bool on_comment_part(json::string_view, json::error_code&) { return true; }
+  bool on_comment(json::string_view, json::error_code&) { return true; }
+
+ private:
+  bool open() {
+    ++depth_;
+    return true;
+  }
+  bool close() {
+    --depth_;
+    return true;
+  }
+
+  int depth_ = 0;  // objects and arrays open; the response's own members are at depth 1
+  bool key_open_ = false;
+  Key key_;
+  std::string value_;
+};
+
 // Where the object that is the value of the key ending at `key_end` begins: the first '{' after only whitespace
 // and ':'; npos for another value ("usage": null in intermediate chunks).
 std::size_t object_after(std::string_view text, std::size_t key_end) {
@@ -191,6 +260,33 @@ std::optional<Usage> usage_only_chunk(std::string_view chunk) {
   const UsageHandler& h = parser.handler();
   if (!h.empty_choices || !h.usage_object) return std::nullopt;
   return h.usage;
+}
+
+struct ResponseStatusReader::Parser {
+  json::basic_parser<StatusHandler> parser{json::parse_options{}};
+  bool failed = false;
+};
+
+ResponseStatusReader::ResponseStatusReader() : parser_(std::make_unique<Parser>()) {}
+ResponseStatusReader::~ResponseStatusReader() = default;
+
+void ResponseStatusReader::feed(std::string_view piece) {
+  if (parser_->failed || piece.empty()) return;
+  json::error_code ec;
+  parser_->parser.write_some(true, piece.data(), piece.size(), ec);
+  if (ec) parser_->failed = true;
+}
+
+std::optional<std::string> ResponseStatusReader::finish() {
+  if (parser_->failed) return std::nullopt;
+  json::error_code ec;
+  parser_->parser.write_some(false, nullptr, 0, ec);
+  if (ec || !parser_->parser.done() || !parser_->parser.handler().found) return std::nullopt;
+  return parser_->parser.handler().status;
+}
+
+bool final_response_status(std::string_view status) {
+  return status == "completed" || status == "failed" || status == "cancelled" || status == "incomplete";
 }
 
 }  // namespace kvroute::router

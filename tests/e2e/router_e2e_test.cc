@@ -1234,6 +1234,68 @@ TEST(RouterE2E, BackgroundResponsesArePolledAndCancelledOnTheirWorker) {
 
 // Responses API: a response is stored on the worker that made it, so its continuations (previous_response_id)
 // and reads (GET /v1/responses/ID) must reach that worker; any other answers 404.
+// The gauge `name` on the router's /metrics once it has come down to `value`, or when `wait` has passed.
+double gauge_falling_to(int admin, const std::string& name, double value, std::chrono::milliseconds wait = 3s) {
+  const auto until = std::chrono::steady_clock::now() + wait;
+  double v = worker_counter(admin, name);
+  while (v > value && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+    v = worker_counter(admin, name);
+  }
+  return v;
+}
+
+// A background response runs on its worker after its "queued" answer: the router counts it there (in flight)
+// until it sees it end. A poll that finds it completed, a cancel, or --request-timeout without news ends it.
+TEST(RouterE2E, BackgroundResponsesCountAsLoadUntilTheyEnd) {
+  Fleet fleet(1, {"--request-timeout", "4"}, /*speed=*/20);
+  const std::string in_flight = "kvroute_worker_in_flight{";
+  const std::string held = "kvroute_background_responses_held ";
+  auto start = [&](int tokens) {
+    json::object body{{"model", "qwen3-8b"}, {"input", "Tell a story."}, {"max_output_tokens", tokens}, {"background", true}};
+    auto r = http(fleet.api(), "POST", "/v1/responses", json::serialize(body));
+    EXPECT_EQ(r.status, 200) << r.body;
+    return std::string(json::parse(r.body).at("id").as_string());
+  };
+
+  // Polled until it completes: counted while queued or in progress, let go by the poll that sees it completed.
+  const std::string id = start(1500);
+  EXPECT_EQ(worker_counter(fleet.admin(), in_flight), 1);
+  EXPECT_EQ(worker_counter(fleet.admin(), held), 1);
+  std::string status;
+  int polls_in_progress = 0;
+  for (int i = 0; i < 500 && status != "completed"; ++i) {
+    auto got = http(fleet.api(), "GET", "/v1/responses/" + id);
+    ASSERT_EQ(got.status, 200) << got.body;
+    status = std::string(json::parse(got.body).at("status").as_string());
+    if (status != "completed") {
+      ++polls_in_progress;
+      EXPECT_EQ(worker_counter(fleet.admin(), in_flight), 1) << status;
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  ASSERT_EQ(status, "completed");
+  EXPECT_GT(polls_in_progress, 0);
+  EXPECT_EQ(gauge_falling_to(fleet.admin(), in_flight, 0), 0);
+  EXPECT_EQ(worker_counter(fleet.admin(), held), 0);
+
+  // Cancelled through the router.
+  const std::string cancelled = start(30000);
+  EXPECT_EQ(worker_counter(fleet.admin(), in_flight), 1);
+  ASSERT_EQ(http(fleet.api(), "POST", "/v1/responses/" + cancelled + "/cancel", "").status, 200);
+  EXPECT_EQ(gauge_falling_to(fleet.admin(), in_flight, 0), 0);
+  EXPECT_EQ(worker_counter(fleet.admin(), held), 0);
+
+  // Never polled: let go at --request-timeout.
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string forgotten = start(30000);
+  EXPECT_EQ(worker_counter(fleet.admin(), held), 1);
+  EXPECT_EQ(gauge_falling_to(fleet.admin(), held, 0, 8s), 0);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 3900ms);
+  EXPECT_EQ(worker_counter(fleet.admin(), in_flight), 0);
+  http(fleet.worker_port(0), "POST", "/v1/responses/" + forgotten + "/cancel", "");
+}
+
 TEST(RouterE2E, ResponsesContinueOnTheWorkerThatStoresThem) {
   Fleet fleet(3);
   auto create = [&](const std::string& input, const std::string& previous, bool stream) {

@@ -100,5 +100,36 @@ TEST(Usage, ResponsesApiNames) {
                50, 4, 32);
 }
 
+// The response's own status, wherever it sits and however the body is cut: not an output item's status.
+std::optional<std::string> status_of(std::string_view body, std::size_t piece) {
+  ResponseStatusReader r;
+  for (std::size_t i = 0; i < body.size(); i += piece) r.feed(body.substr(i, piece));
+  return r.finish();
+}
+
+TEST(ResponseStatus, TopLevelStatusInAnyOrderAndAnyPieces) {
+  // vLLM: the status after the output, whose items carry statuses of their own.
+  const std::string vllm = R"({"id":"resp_1","output":[{"type":"message","status":"completed","content":[{"type":)"
+                           R"("output_text","text":")" + std::string(5000, 'x') +
+                           R"("}]}],"parallel_tool_calls":true,"status":"in_progress","text":{"format":{"type":"text"}},)"
+                           R"("usage":null})";
+  // kvroute-sim: the status first.
+  const std::string sim = R"({"id":"resp_2","object":"response","status":"cancelled","output":[{"status":"completed"}]})";
+  for (std::size_t piece : {1, 7, 64, 100000}) {
+    EXPECT_EQ(status_of(vllm, piece), "in_progress") << piece;
+    EXPECT_EQ(status_of(sim, piece), "cancelled") << piece;
+  }
+  EXPECT_FALSE(status_of(R"({"id":"resp_3","output":[{"status":"completed"}]})", 8));  // none of its own
+  EXPECT_FALSE(status_of(R"({"status":"completed")", 8));                               // cut short
+  EXPECT_FALSE(status_of("event: response.completed\ndata: {}\n\n", 8));             // a stream, not an object
+  EXPECT_FALSE(status_of(R"({"error":{"message":"no such response","status":404}})", 8));
+  EXPECT_TRUE(final_response_status("completed"));
+  EXPECT_TRUE(final_response_status("failed"));
+  EXPECT_TRUE(final_response_status("cancelled"));
+  EXPECT_TRUE(final_response_status("incomplete"));
+  EXPECT_FALSE(final_response_status("in_progress"));
+  EXPECT_FALSE(final_response_status("queued"));
+}
+
 }  // namespace
 }  // namespace kvroute::router
