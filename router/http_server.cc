@@ -337,6 +337,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     }
     request_id_ = std::string(req_["x-request-id"]);
     if (request_id_.empty() || request_id_.size() > 200) request_id_ = new_request_id();
+    status_ = 0;  // the worker's status for this request, once its answer's head arrives
     end_background_watch();
     if (kind_ == Listener::Kind::kAdmin) return handle_admin();
     handle_api();
