@@ -245,8 +245,9 @@ void Router::first_byte(Decision& d) {
 
 void Router::complete(Decision& d, const Outcome& outcome) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
-  // A queued background response keeps its load on the worker until it ends (holds_background()).
-  if (d.background && outcome.ok && !d.response_id.empty() && !d.worker->removed()) {
+  // A queued background response keeps its load on the worker until it ends (holds_background()). Streamed, its
+  // exchange lasted until the response was done.
+  if (d.background && !d.streamed && outcome.ok && !d.response_id.empty() && !d.worker->removed()) {
     hold_background(d);
   } else {
     d.worker->end(d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);

@@ -96,9 +96,9 @@ class Router {
   // The worker a session is bound to, if any (admin and tests).
   std::optional<hashing::WorkerId> session_worker(const std::string& key) const;
 
-  // Background responses ("background": true) are answered "queued" at once and run on their worker afterwards.
-  // complete() keeps such a request's load (in flight, its context in decode) on the worker until this router
-  // sees it end: a poll through it answered with a final status, a cancel or delete passed through it, or
+  // Background responses ("background": true, not streamed) are answered "queued" at once and run on their
+  // worker afterwards. complete() keeps such a request's load (in flight, its context in decode) on the worker
+  // until this router sees it end: a poll through it answered with a final status, a cancel or delete passed through it, or
   // --request-timeout after the answer (another router replica's polls are not seen). At most 100,000 are held;
   // beyond, the oldest is let go.
   bool holds_background(const std::string& id) const;
