@@ -1296,6 +1296,44 @@ TEST(RouterE2E, BackgroundResponsesCountAsLoadUntilTheyEnd) {
   http(fleet.worker_port(0), "POST", "/v1/responses/" + forgotten + "/cancel", "");
 }
 
+// A background response can also be streamed (vLLM serves it so): then its exchange lasts until the response is
+// done, and nothing is held after it. The same worker answering "queued" without a stream is held.
+TEST(RouterE2E, StreamedBackgroundResponsesAreNotHeld) {
+  auto router_for = [](int worker_port, int api, int admin) {
+    return Process::start({bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
+                           "127.0.0.1:" + std::to_string(admin), "--worker", "http://127.0.0.1:" + std::to_string(worker_port),
+                           "--metrics-interval", "0"});
+  };
+  const std::string events =
+      "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":"
+      "{\"id\":\"resp_streamed\",\"object\":\"response\",\"status\":\"queued\",\"output\":[]}}\n\n"
+      "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":1,\"response\":"
+      "{\"id\":\"resp_streamed\",\"object\":\"response\",\"status\":\"completed\",\"output\":[]}}\n\n";
+  RawWorker streaming("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\nContent-Length: " +
+                      std::to_string(events.size()) + "\r\n\r\n" + events);
+  const std::string queued = R"({"id":"resp_plain","object":"response","status":"queued","output":[]})";
+  RawWorker plain("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+                  std::to_string(queued.size()) + "\r\n\r\n" + queued);
+  for (const bool stream : {true, false}) {
+    SCOPED_TRACE(stream ? "streamed" : "plain");
+    const int api = free_port(), admin = free_port();
+    Process router = router_for(stream ? streaming.port() : plain.port(), api, admin);
+    ASSERT_TRUE(wait_http(api, "/health", 10s));
+    json::object body{{"model", "m"}, {"input", "hi"}, {"background", true}};
+    if (stream) body["stream"] = true;
+    auto r = http(api, "POST", "/v1/responses", json::serialize(body), {}, 5s);
+    ASSERT_EQ(r.status, 200) << r.error;
+    // The router settles the request when it has finished writing the answer.
+    if (stream) {
+      EXPECT_EQ(gauge_falling_to(admin, "kvroute_worker_in_flight{", 0), 0);
+      EXPECT_EQ(worker_counter(admin, "kvroute_background_responses_held "), 0);
+    } else {
+      EXPECT_EQ(counter_reaching(admin, "kvroute_background_responses_held ", 1), 1);
+      EXPECT_EQ(worker_counter(admin, "kvroute_worker_in_flight{"), 1);
+    }
+  }
+}
+
 TEST(RouterE2E, ResponsesContinueOnTheWorkerThatStoresThem) {
   Fleet fleet(3);
   auto create = [&](const std::string& input, const std::string& previous, bool stream) {
