@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <iostream>
 #include <random>
+#include <set>
 
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/dispatch.hpp>
@@ -1060,6 +1061,13 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   void handle_lora_update(std::string path) {
     auto state = std::make_shared<LoraFanout>();
     state->asked = healthy_workers(svc_.registry);
+    // x-kvroute-workers: NAME[,NAME...] places (or removes) the adapter on those workers only, by the names
+    // /admin/workers shows (or their URLs).
+    if (const std::string_view only = req_["x-kvroute-workers"]; !only.empty()) {
+      auto chosen = chosen_workers(only);
+      if (!chosen) return send_error(chosen.error());
+      std::erase_if(state->asked, [&](const auto& w) { return !chosen->contains(w->id()); });
+    }
     if (state->asked.empty()) return send_error(no_healthy_worker());
     state->replies.resize(state->asked.size());
     state->pending = state->asked.size();
@@ -1074,6 +1082,35 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
                           },
                           64u << 10, authorization);
     }
+  }
+
+  // The workers a comma-separated list names; an error naming what matches no worker.
+  Result<std::set<hashing::WorkerId>> chosen_workers(std::string_view list) const {
+    std::set<hashing::WorkerId> out;
+    const auto workers = svc_.registry.snapshot();
+    while (!list.empty()) {
+      const std::size_t comma = list.find(',');
+      std::string_view name = list.substr(0, comma);
+      list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+      while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
+      while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
+      if (name.empty()) continue;
+      bool found = false;
+      for (const auto& w : *workers) {
+        if (w->name() == name || w->endpoint().url == name) {
+          out.insert(w->id());
+          found = true;
+        }
+      }
+      if (!found) {
+        std::string known;
+        for (const auto& w : *workers) known += (known.empty() ? "" : ", ") + w->name();
+        return make_error("x-kvroute-workers names no worker called '" + std::string(name) + "' (workers: " + known + ")",
+                          400, "invalid_request_error", "unknown_worker");
+      }
+    }
+    if (out.empty()) return make_error("x-kvroute-workers names no worker", 400, "invalid_request_error", "unknown_worker");
+    return out;
   }
 
   struct LoraFanout {

@@ -1475,6 +1475,25 @@ TEST(RouterE2E, LoraAdaptersAreLoadedOnTheFleet) {
       << partial.body;
   EXPECT_TRUE(models_of(0).count("solo"));
   EXPECT_EQ(http(fleet.api(), "GET", "/v1/load_lora_adapter").status, 405);
+
+  // Placed on chosen workers (x-kvroute-workers): only worker 0 gets it, the router knows at once, and its
+  // requests all go there. Removed from worker 0 alone, worker 1's copy of "solo" stays.
+  auto placed = http(fleet.api(), "POST", "/v1/load_lora_adapter", R"({"lora_name":"chosen","lora_path":"/a/c"})",
+                     {{"x-kvroute-workers", fleet.worker_name(0)}});
+  EXPECT_EQ(placed.status, 200) << placed.body;
+  EXPECT_TRUE(models_of(0).count("chosen"));
+  EXPECT_FALSE(models_of(1).count("chosen"));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(complete("chosen").header("x-kvroute-worker"), fleet.worker_name(0));
+  auto removed = http(fleet.api(), "POST", "/v1/unload_lora_adapter", R"({"lora_name":"solo"})",
+                      {{"x-kvroute-workers", " " + fleet.worker_name(0) + " , "}});
+  EXPECT_EQ(removed.status, 200) << removed.body;
+  EXPECT_FALSE(models_of(0).count("solo"));
+  EXPECT_TRUE(models_of(1).count("solo"));
+  auto unknown = http(fleet.api(), "POST", "/v1/load_lora_adapter", R"({"lora_name":"x","lora_path":"/a/x"})",
+                      {{"x-kvroute-workers", "10.9.9.9:1"}});
+  EXPECT_EQ(unknown.status, 400);
+  EXPECT_NE(unknown.body.find("names no worker called '10.9.9.9:1' (workers: "), std::string::npos) << unknown.body;
+  EXPECT_FALSE(models_of(0).count("x") || models_of(1).count("x"));
 }
 
 // Workers started with an API key (vllm serve --api-key): clients' requests carry their own Authorization to the
