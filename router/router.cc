@@ -309,12 +309,8 @@ void Router::hold_background(const Decision& d) {
   std::size_t held = 0;
   {
     std::lock_guard lock(background_mu_);
-    background_order_.emplace_back(h.deadline, d.response_id);
-    auto [it, inserted] = background_.try_emplace(d.response_id, h);
-    if (!inserted) {  // the same id again (a worker reusing ids): the older request is over
-      replaced = it->second;
-      it->second = std::move(h);
-    }
+    replaced = background_.take(d.response_id);  // the same id again (a worker reusing ids): the older one is over
+    background_.put(d.response_id, std::move(h));
     held = background_.size();
     background_count_.store(held, std::memory_order_relaxed);
   }
@@ -326,7 +322,7 @@ void Router::hold_background(const Decision& d) {
 bool Router::holds_background(const std::string& id) const {
   if (background_count_.load(std::memory_order_relaxed) == 0) return false;
   std::lock_guard lock(background_mu_);
-  return background_.contains(id);
+  return background_.find(id) != nullptr;
 }
 
 void Router::background_ended(const std::string& id) {
@@ -334,10 +330,8 @@ void Router::background_ended(const std::string& id) {
   std::size_t held = 0;
   {
     std::lock_guard lock(background_mu_);
-    auto it = background_.find(id);
-    if (it == background_.end()) return;
-    ended = std::move(it->second);
-    background_.erase(it);
+    ended = background_.take(id);
+    if (!ended) return;
     held = background_.size();
     background_count_.store(held, std::memory_order_relaxed);
   }
@@ -357,16 +351,9 @@ void Router::expire_background(std::chrono::steady_clock::time_point now) {
   std::size_t held = 0;
   {
     std::lock_guard lock(background_mu_);
-    while (!background_order_.empty() &&
-           (background_order_.front().first <= now || background_.size() > kMaxHeldBackground)) {
-      const auto& [deadline, id] = background_order_.front();
-      auto it = background_.find(id);
-      if (it != background_.end() && it->second.deadline == deadline) {
-        expired.push_back(std::move(it->second));
-        background_.erase(it);
-      }
-      background_order_.pop_front();
-    }
+    background_.drop_oldest_while(
+        [&](const HeldBackground& h) { return h.deadline <= now || background_.size() > kMaxHeldBackground; },
+        [&](HeldBackground&& h) { expired.push_back(std::move(h)); });
     held = background_.size();
     background_count_.store(held, std::memory_order_relaxed);
   }

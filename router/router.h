@@ -11,12 +11,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 
 #include "backends/worker_registry.h"
 #include "hashing/prefix_index.h"
@@ -42,7 +41,7 @@ struct Decision {
   std::chrono::steady_clock::time_point first_byte_at;
   bool streamed = false;           // the first byte is the first token (server-sent events)
   // A Responses API request run in the background: its answer ("queued") comes before any token, so it has no
-  // TTFT, no usage, and its load leaves the router's count when that answer does.
+  // TTFT and no usage; unless streamed, its load stays held after that answer (Router::holds_background).
   bool background = false;
   double queue_s = 0;              // prefill work the router believed queued ahead at dispatch (seconds)
   std::uint64_t decode_context_tokens = 0;  // the worker's active decode tokens at dispatch
@@ -142,10 +141,10 @@ class Router {
   mutable std::mutex sessions_mu_;
   util::RecencyMap<Binding> sessions_;  // guarded by sessions_mu_
 
+  // Held in the order they were held, which is also deadline order; the cap is kept by expire_background(),
+  // which releases what it drops (the map's own capacity would drop entries without releasing them).
   mutable std::mutex background_mu_;
-  std::unordered_map<std::string, HeldBackground> background_;  // guarded by background_mu_
-  // (deadline, id) in the order held, so also in deadline order; ids let go earlier are skipped when reached.
-  std::deque<std::pair<std::chrono::steady_clock::time_point, std::string>> background_order_;  // guarded by background_mu_
+  util::RecencyMap<HeldBackground> background_{std::numeric_limits<std::size_t>::max()};  // guarded by background_mu_
   std::atomic<std::size_t> background_count_{0};  // background_.size(), read without the lock on the routing path
 
   // The newest --response-ids ids (the least recently seen forgotten first).

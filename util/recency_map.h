@@ -1,7 +1,8 @@
 // RecencyMap: a string-keyed map that holds at most `capacity` entries and forgets the least recently put one
 // first. The router keeps session bindings and Responses API owners in it, so that clients minting new keys
 // (a fresh session id or `user` per request) cost bounded memory, and time-based expiry pops stale entries
-// off the old end instead of sweeping the whole map under its lock.
+// off the old end instead of sweeping the whole map under its lock. It keeps the background responses whose
+// load it holds too: their deadlines grow with the order they were put in, so the oldest expire first.
 //
 //   RecencyMap<int> m(2);
 //   m.put("a", 1); m.put("b", 2);
@@ -14,6 +15,7 @@
 
 #include <cstddef>
 #include <list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -52,15 +54,32 @@ class RecencyMap {
     return it == index_.end() ? nullptr : &it->second->second;
   }
 
-  // Drops entries from the least recent end while `pred(value)` holds; returns how many.
-  template <class Pred>
-  std::size_t drop_oldest_while(Pred pred) {
+  // Removes `key` and returns its value; nullopt when absent.
+  std::optional<V> take(std::string_view key) {
+    const auto it = index_.find(key);
+    if (it == index_.end()) return std::nullopt;
+    const auto node = it->second;
+    index_.erase(it);  // before the node its key views
+    std::optional<V> out(std::move(node->second));
+    order_.erase(node);
+    return out;
+  }
+
+  // Drops entries from the least recent end while `pred(value)` holds, handing each value to `dropped` (as an
+  // rvalue) first; returns how many.
+  template <class Pred, class Dropped>
+  std::size_t drop_oldest_while(Pred pred, Dropped dropped) {
     std::size_t n = 0;
     while (!order_.empty() && pred(order_.back().second)) {
+      dropped(std::move(order_.back().second));
       pop_oldest();
       ++n;
     }
     return n;
+  }
+  template <class Pred>
+  std::size_t drop_oldest_while(Pred pred) {
+    return drop_oldest_while(pred, [](V&&) {});
   }
 
   // Drops every entry whose value satisfies `pred`; returns how many.

@@ -1,9 +1,10 @@
 // util::RecencyMap, which holds the router's session bindings and Responses API owners.
 #include "util/recency_map.h"
 
-#include <gtest/gtest.h>
-
 #include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
 
 namespace kvroute::util {
 namespace {
@@ -46,6 +47,24 @@ TEST(RecencyMap, DropsOldestWhileAndErasesByValue) {
   EXPECT_NE(m.find("k5"), nullptr);
   m.put("k6", 6);  // the map still works after erasing from the middle
   EXPECT_EQ(m.size(), 3u);
+}
+
+TEST(RecencyMap, TakeAndDropHandValuesBack) {
+  RecencyMap<std::string> m(10);
+  for (int i = 0; i < 5; ++i) m.put("k" + std::to_string(i), "v" + std::to_string(i));
+  EXPECT_EQ(m.take("k2"), "v2");
+  EXPECT_EQ(m.take("k2"), std::nullopt);
+  EXPECT_EQ(m.find("k2"), nullptr);
+  EXPECT_EQ(m.size(), 4u);
+  std::vector<std::string> dropped;
+  EXPECT_EQ(m.drop_oldest_while([](const std::string& v) { return v != "v3"; },
+                                [&](std::string&& v) { dropped.push_back(std::move(v)); }),
+            2u);
+  EXPECT_EQ(dropped, (std::vector<std::string>{"v0", "v1"}));
+  EXPECT_EQ(m.size(), 2u);
+  m.put("k5", "v5");  // the map still works after taking from the middle
+  ASSERT_NE(m.find("k3"), nullptr);
+  EXPECT_EQ(*m.find("k5"), "v5");
 }
 
 TEST(RecencyMap, ManyKeysStayConsistent) {
