@@ -6,9 +6,9 @@ namespace kvroute::hashing {
 
 SharedCache::SharedCache(std::uint64_t max_entries) : max_entries_(std::max<std::uint64_t>(max_entries, 1)) {}
 
-void SharedCache::set_capacity(std::uint64_t blocks) {
+bool SharedCache::set_capacity(std::uint64_t blocks) {
   std::lock_guard lock(mu_);
-  if (blocks == capacity_) return;
+  if (blocks == capacity_) return false;
   int bits = 0;
   while ((blocks >> bits) > max_entries_ && bits < kMaxRateBits) ++bits;
   if (bits != rate_bits_) lru_.clear_worker(0);
@@ -17,6 +17,7 @@ void SharedCache::set_capacity(std::uint64_t blocks) {
   lru_.set_capacity(0, std::max<std::uint64_t>(blocks >> bits, 1));
   // Evict down to a smaller capacity now rather than at the next access.
   if (blocks > 0) lru_.record(0, {});
+  return true;
 }
 
 std::uint64_t SharedCache::capacity() const {

@@ -42,9 +42,10 @@ class SharedCache {
 
   explicit SharedCache(std::uint64_t max_entries = kDefaultMaxEntries);
 
-  // The fleet's capacity in blocks. A change of the sampling rate empties the cache (the blocks kept under
-  // one rate say nothing under another); other changes keep it, evicting down to the new capacity.
-  void set_capacity(std::uint64_t blocks);
+  // The fleet's capacity in blocks; returns whether it changed. A change of the sampling rate empties the
+  // cache (the blocks kept under one rate say nothing under another); other changes keep it, evicting down to
+  // the new capacity.
+  bool set_capacity(std::uint64_t blocks);
   std::uint64_t capacity() const;
   // 1 / R: the share of blocks kept.
   double sample_rate() const;

@@ -10,8 +10,7 @@
 namespace kvroute::policy {
 
 std::uint64_t RoutingContext::matched_tokens(std::size_t i) const {
-  const auto tokens = static_cast<std::uint64_t>(std::llround(matched_blocks(i) * tokens_per_block));
-  return std::min(tokens, prompt_tokens);
+  return tokens_of_blocks(matched_blocks(i), tokens_per_block, prompt_tokens);
 }
 
 std::string_view reason_name(Reason r) {

@@ -10,6 +10,8 @@
 //   std::optional<Pick> p = (*policy)->pick(ctx);   // nullopt only when no worker is healthy
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -46,6 +48,12 @@ struct WorkerView {
   double decode_step_s = 0.02;                // time of one decode step at the current batch
   std::uint32_t max_running = 256;            // running-sequence cap (batch size)
 };
+
+// `blocks` leading blocks of a prompt as tokens: blocks x tokens per block, at most the prompt's tokens.
+inline std::uint64_t tokens_of_blocks(std::uint64_t blocks, double tokens_per_block, std::uint64_t prompt_tokens) {
+  const auto tokens = static_cast<std::uint64_t>(std::llround(static_cast<double>(blocks) * tokens_per_block));
+  return std::min(tokens, prompt_tokens);
+}
 
 struct RoutingContext {
   const hashing::BlockChain* chain = nullptr;  // may be null (no routable prompt)

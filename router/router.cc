@@ -177,8 +177,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
     fleet_blocks += blocks;
   }
   if (known && fleet_blocks > 0) {
-    shared_cache_.set_capacity(fleet_blocks);
-    metrics_.set_shared_cache(fleet_blocks, shared_cache_.sample_rate());
+    if (shared_cache_.set_capacity(fleet_blocks)) metrics_.set_shared_cache(fleet_blocks, shared_cache_.sample_rate());
     d.shared_cached_tokens = servable_tokens(request, shared_cache_.access(request.chain.hashes));
     d.tokens_estimated = request.chain.unit != hashing::Unit::kToken;
   }
@@ -186,9 +185,8 @@ Result<Decision> Router::route(const RoutableRequest& request) {
 }
 
 std::uint64_t Router::servable_tokens(const RoutableRequest& request, std::uint64_t blocks) {
-  blocks = std::min<std::uint64_t>(blocks, servable_blocks(request));
-  const auto tokens = static_cast<std::uint64_t>(std::llround(static_cast<double>(blocks) * request.chain.tokens_per_block()));
-  return std::min(tokens, request.prompt_tokens);
+  return policy::tokens_of_blocks(std::min<std::uint64_t>(blocks, servable_blocks(request)),
+                                  request.chain.tokens_per_block(), request.prompt_tokens);
 }
 
 std::uint32_t Router::servable_blocks(const RoutableRequest& request) {

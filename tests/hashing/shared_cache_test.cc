@@ -130,7 +130,8 @@ TEST(SharedCache, ShrinkingEvictsAndANewSampleRateStartsOver) {
   shared.access(a);
   shared.access(b);
   EXPECT_EQ(shared.entries(), 1000u);
-  shared.set_capacity(500);  // same rate: b, the most recent, stays, and a's first 100 blocks
+  EXPECT_TRUE(shared.set_capacity(500));  // same rate: b, the most recent, stays, and a's first 100 blocks
+  EXPECT_FALSE(shared.set_capacity(500));  // unchanged
   EXPECT_EQ(shared.entries(), 500u);
   EXPECT_EQ(shared.access(b), 400u);
   EXPECT_EQ(shared.access(a), 100u);
