@@ -31,50 +31,23 @@ class Key {
   std::size_t size_ = 0;
 };
 
-// Reads a usage object: prompt_tokens and completion_tokens at its top level, cached_tokens of its
-// prompt_tokens_details (or the Responses API's input_tokens, output_tokens, input_tokens_details). Every
-// other event is accepted and ignored.
-//   Usage mode: the document is the usage object itself.
-//   Chunk mode: the document is a stream chunk; its usage is the member "usage", and the handler also notes
-//   whether the chunk's "choices" is an empty array and its "usage" an object.
-class UsageHandler {
+// What every handler of json::basic_parser here shares: no size limits of its own (the bodies are bounded
+// where they are read), events a handler has no use for accepted, and the depth and the current key of each of
+// the first levels (keys_[d]: the key at depth d, 1-based; objects and arrays both count as a level). A handler
+// declares the events it reads, which hide these.
+class KeyedHandler {
  public:
   static constexpr std::size_t max_object_size = static_cast<std::size_t>(-1);
   static constexpr std::size_t max_array_size = static_cast<std::size_t>(-1);
   static constexpr std::size_t max_key_size = static_cast<std::size_t>(-1);
   static constexpr std::size_t max_string_size = static_cast<std::size_t>(-1);
 
-  enum class Mode { kUsage, kChunk };
-  explicit UsageHandler(Mode mode) : base_(mode == Mode::kChunk ? 1 : 0) {}
-
-  Usage usage;
-  bool empty_choices = false;  // chunk mode: "choices": []
-  bool usage_object = false;   // chunk mode: "usage": {...}
-
   bool on_document_begin(json::error_code&) { return true; }
   bool on_document_end(json::error_code&) { return true; }
-  bool on_object_begin(json::error_code&) {
-    element();
-    open();
-    if (base_ == 1 && depth_ == 2 && keys_[1] == "usage") usage_object = true;
-    return true;
-  }
-  bool on_object_end(std::size_t, json::error_code&) {
-    --depth_;
-    return true;
-  }
-  bool on_array_begin(json::error_code&) {
-    element();
-    open();
-    ++arrays_;
-    if (base_ == 1 && depth_ == 2 && keys_[1] == "choices") empty_choices = true;
-    return true;
-  }
-  bool on_array_end(std::size_t, json::error_code&) {
-    --depth_;
-    --arrays_;
-    return true;
-  }
+  bool on_object_begin(json::error_code&) { return open(); }
+  bool on_object_end(std::size_t, json::error_code&) { return close(); }
+  bool on_array_begin(json::error_code&) { return open(); }
+  bool on_array_end(std::size_t, json::error_code&) { return close(); }
   bool on_key_part(json::string_view part, std::size_t, json::error_code&) {
     if (depth_ < kKeys) {
       if (!key_open_) keys_[depth_].clear();
@@ -89,8 +62,67 @@ class UsageHandler {
     return true;
   }
   bool on_string_part(json::string_view, std::size_t, json::error_code&) { return true; }
-  bool on_string(json::string_view, std::size_t, json::error_code&) { return element(); }
+  bool on_string(json::string_view, std::size_t, json::error_code&) { return true; }
   bool on_number_part(json::string_view, json::error_code&) { return true; }
+  bool on_int64(std::int64_t, json::string_view, json::error_code&) { return true; }
+  bool on_uint64(std::uint64_t, json::string_view, json::error_code&) { return true; }
+  bool on_double(double, json::string_view, json::error_code&) { return true; }
+  bool on_bool(bool, json::error_code&) { return true; }
+  bool on_null(json::error_code&) { return true; }
+  bool on_comment_part(json::string_view, json::error_code&) { return true; }
+  bool on_comment(json::string_view, json::error_code&) { return true; }
+
+ protected:
+  static constexpr int kKeys = 4;
+
+  bool open() {
+    ++depth_;
+    if (depth_ < kKeys) keys_[depth_].clear();
+    return true;
+  }
+  bool close() {
+    --depth_;
+    return true;
+  }
+
+  int depth_ = 0;  // objects and arrays open
+  bool key_open_ = false;
+  Key keys_[kKeys];
+};
+
+// Reads a usage object: prompt_tokens and completion_tokens at its top level, cached_tokens of its
+// prompt_tokens_details (or the Responses API's input_tokens, output_tokens, input_tokens_details). Every
+// other event is accepted and ignored.
+//   Usage mode: the document is the usage object itself.
+//   Chunk mode: the document is a stream chunk; its usage is the member "usage", and the handler also notes
+//   whether the chunk's "choices" is an empty array and its "usage" an object.
+class UsageHandler : public KeyedHandler {
+ public:
+  enum class Mode { kUsage, kChunk };
+  explicit UsageHandler(Mode mode) : base_(mode == Mode::kChunk ? 1 : 0) {}
+
+  Usage usage;
+  bool empty_choices = false;  // chunk mode: "choices": []
+  bool usage_object = false;   // chunk mode: "usage": {...}
+
+  bool on_object_begin(json::error_code&) {
+    element();
+    open();
+    if (base_ == 1 && depth_ == 2 && keys_[1] == "usage") usage_object = true;
+    return true;
+  }
+  bool on_array_begin(json::error_code&) {
+    element();
+    open();
+    ++arrays_;
+    if (base_ == 1 && depth_ == 2 && keys_[1] == "choices") empty_choices = true;
+    return true;
+  }
+  bool on_array_end(std::size_t, json::error_code&) {
+    --arrays_;
+    return close();
+  }
+  bool on_string(json::string_view, std::size_t, json::error_code&) { return element(); }
   bool on_int64(std::int64_t v, json::string_view, json::error_code&) {
     element();
     if (v > 0) count(static_cast<std::uint64_t>(v));
@@ -104,16 +136,8 @@ class UsageHandler {
   bool on_double(double, json::string_view, json::error_code&) { return element(); }
   bool on_bool(bool, json::error_code&) { return element(); }
   bool on_null(json::error_code&) { return element(); }
-  bool on_comment_part(json::string_view, json::error_code&) { return true; }
-  bool on_comment(json::string_view, json::error_code&) { return true; }
 
  private:
-  static constexpr int kKeys = 4;  // keys_[d]: the current key of the object at depth d (1-based)
-
-  void open() {
-    ++depth_;
-    if (depth_ < kKeys) keys_[depth_].clear();
-  }
   // A value begins at the current depth: an element of the chunk's choices makes them non-empty.
   bool element() {
     if (base_ == 1 && depth_ == 2 && arrays_ == 1 && keys_[1] == "choices") empty_choices = false;
@@ -134,78 +158,34 @@ class UsageHandler {
   }
 
   const int base_;  // depth of the usage object's members, minus one
-  int depth_ = 0;   // objects and arrays open
   int arrays_ = 0;  // arrays open: numbers in them are not counts
-  bool key_open_ = false;
-  Key keys_[kKeys];
 };
 
 // Reads the string value of the key "status" of the top-level object; every other event is accepted and
 // ignored. Values over 64 bytes are not a status and are dropped.
-class StatusHandler {
+class StatusHandler : public KeyedHandler {
  public:
-  static constexpr std::size_t max_object_size = static_cast<std::size_t>(-1);
-  static constexpr std::size_t max_array_size = static_cast<std::size_t>(-1);
-  static constexpr std::size_t max_key_size = static_cast<std::size_t>(-1);
-  static constexpr std::size_t max_string_size = static_cast<std::size_t>(-1);
-
   std::string status;
   bool found = false;
 
-  bool on_document_begin(json::error_code&) { return true; }
-  bool on_document_end(json::error_code&) { return true; }
-  bool on_object_begin(json::error_code&) { return open(); }
-  bool on_object_end(std::size_t, json::error_code&) { return close(); }
-  bool on_array_begin(json::error_code&) { return open(); }
-  bool on_array_end(std::size_t, json::error_code&) { return close(); }
-  bool on_key_part(json::string_view part, std::size_t, json::error_code&) {
-    if (depth_ == 1) {
-      if (!key_open_) key_.clear();
-      key_.append(part);
-    }
-    key_open_ = true;
-    return true;
-  }
-  bool on_key(json::string_view part, std::size_t n, json::error_code& ec) {
-    on_key_part(part, n, ec);
-    key_open_ = false;
-    return true;
-  }
   bool on_string_part(json::string_view part, std::size_t, json::error_code&) {
-    if (depth_ == 1 && key_ == "status" && value_.size() + part.size() <= 64) value_.append(part);
+    if (at_status() && value_.size() + part.size() <= 64) value_.append(part);
     return true;
   }
   bool on_string(json::string_view part, std::size_t n, json::error_code& ec) {
     on_string_part(part, n, ec);
-    if (depth_ == 1 && key_ == "status" && value_.size() <= 64) {
+    if (at_status() && value_.size() <= 64) {
       status = value_;
       found = true;
     }
     value_.clear();
     return true;
   }
-  bool on_number_part(json::string_view, json::error_code&) { return true; }
-  bool on_int64(std::int64_t, json::string_view, json::error_code&) { return true; }
-  bool on_uint64(std::uint64_t, json::string_view, json::error_code&) { return true; }
-  bool on_double(double, json::string_view, json::error_code&) { return true; }
-  bool on_bool(bool, json::error_code&) { return true; }
-  bool on_null(json::error_code&) { return true; }
-  bool on_comment_part(json::string_view, json::error_code&) { return true; }
-  bool on_comment(json::string_view, json::error_code&) { return true; }
 
  private:
-  bool open() {
-    ++depth_;
-    return true;
-  }
-  bool close() {
-    --depth_;
-    return true;
-  }
+  // A value of the response's own "status" (its members are at depth 1).
+  bool at_status() const { return depth_ == 1 && keys_[1] == "status"; }
 
-  int depth_ = 0;  // objects and arrays open; the response's own members are at depth 1
-  bool key_open_ = false;
-  Key key_;
   std::string value_;
 };
 
