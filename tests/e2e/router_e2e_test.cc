@@ -60,14 +60,20 @@ double worker_counter(int port, const std::string& name) {
 
 // The counter once it has reached `value`, or when `wait` has passed: the router counts a request when it
 // has finished writing the response, which the client may have read before that.
-double counter_reaching(int port, const std::string& name, double value, std::chrono::milliseconds wait = 3s) {
+// The series `name` on the /metrics of `port` once `settled(value)` holds, or when `wait` has passed.
+template <class Settled>
+double metric_once(int port, const std::string& name, Settled settled, std::chrono::milliseconds wait) {
   const auto until = std::chrono::steady_clock::now() + wait;
   double v = worker_counter(port, name);
-  while (v < value && std::chrono::steady_clock::now() < until) {
+  while (!settled(v) && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(20ms);
     v = worker_counter(port, name);
   }
   return v;
+}
+
+double counter_reaching(int port, const std::string& name, double value, std::chrono::milliseconds wait = 3s) {
+  return metric_once(port, name, [value](double v) { return v >= value; }, wait);
 }
 
 // Requests the worker on `port` cancelled because their client (the router) went away.
@@ -1236,13 +1242,7 @@ TEST(RouterE2E, BackgroundResponsesArePolledAndCancelledOnTheirWorker) {
 // and reads (GET /v1/responses/ID) must reach that worker; any other answers 404.
 // The gauge `name` on the router's /metrics once it has come down to `value`, or when `wait` has passed.
 double gauge_falling_to(int admin, const std::string& name, double value, std::chrono::milliseconds wait = 3s) {
-  const auto until = std::chrono::steady_clock::now() + wait;
-  double v = worker_counter(admin, name);
-  while (v > value && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(20ms);
-    v = worker_counter(admin, name);
-  }
-  return v;
+  return metric_once(admin, name, [value](double v) { return v <= value; }, wait);
 }
 
 // A background response runs on its worker after its "queued" answer: the router counts it there (in flight)
