@@ -104,13 +104,20 @@ class PreciseFleet {
     }
   }
 
+  // Worker i's blocks: as it reports holding them, and as the router's index has them.
+  struct Blocks {
+    json::value truth, view;
+  };
+  Blocks blocks(int i) const {
+    return {json::parse(http(sim_ + i, "GET", "/debug/kv_blocks").body),
+            json::parse(http(admin_, "GET", "/admin/workers/127.0.0.1:" + std::to_string(sim_ + i) + "/blocks").body)};
+  }
+
   // Whether the router's entries for every worker equal the blocks the worker reports holding.
   bool index_equals_workers() const {
     for (int i = 0; i < 3; ++i) {
-      auto truth = json::parse(http(sim_ + i, "GET", "/debug/kv_blocks").body);
-      auto view = json::parse(
-          http(admin_, "GET", "/admin/workers/127.0.0.1:" + std::to_string(sim_ + i) + "/blocks").body);
-      if (strings(view, {"gpu", "cpu", "predicted"}) != strings(truth, {"gpu", "cpu"})) return false;
+      const Blocks b = blocks(i);
+      if (strings(b.view, {"gpu", "cpu", "predicted"}) != strings(b.truth, {"gpu", "cpu"})) return false;
     }
     return true;
   }
@@ -127,12 +134,10 @@ class PreciseFleet {
   std::size_t expect_index_equals_workers() const {
     std::size_t total = 0;
     for (int i = 0; i < 3; ++i) {
-      auto truth = json::parse(http(sim_ + i, "GET", "/debug/kv_blocks").body);
-      auto view = json::parse(
-          http(admin_, "GET", "/admin/workers/127.0.0.1:" + std::to_string(sim_ + i) + "/blocks").body);
-      EXPECT_EQ(view.at("mode").as_string(), "precise") << "worker " << i;
-      EXPECT_EQ(strings(view, {"gpu", "cpu", "predicted"}), strings(truth, {"gpu", "cpu"})) << "worker " << i;
-      total += strings(truth, {"gpu"}).size();
+      const Blocks b = blocks(i);
+      EXPECT_EQ(b.view.at("mode").as_string(), "precise") << "worker " << i;
+      EXPECT_EQ(strings(b.view, {"gpu", "cpu", "predicted"}), strings(b.truth, {"gpu", "cpu"})) << "worker " << i;
+      total += strings(b.truth, {"gpu"}).size();
     }
     return total;
   }
