@@ -72,7 +72,9 @@ WorkerTelemetry Worker::telemetry() const {
 
 void Worker::set_models(std::vector<std::string> models) {
   std::lock_guard lock(mu_);
+  if (models == models_) return;
   models_ = std::move(models);
+  models_version_.fetch_add(1, std::memory_order_release);
 }
 
 std::vector<std::string> Worker::models() const {

@@ -98,6 +98,8 @@ class Worker {
   void set_models(std::vector<std::string> models);
   std::vector<std::string> models() const;
   bool serves(std::string_view model) const;
+  // Bumped whenever set_models() changes the list, so readers can tell cheaply whether it changed.
+  std::uint64_t models_version() const { return models_version_.load(std::memory_order_acquire); }
 
   // Router-tracked load and reported telemetry; performance rates are filled in by the router's learner.
   policy::WorkerView view() const;
@@ -112,6 +114,7 @@ class Worker {
   std::atomic<std::uint32_t> in_flight_{0};
   std::atomic<std::uint64_t> pending_prefill_{0};
   std::atomic<std::uint64_t> active_decode_{0};
+  std::atomic<std::uint64_t> models_version_{0};
   mutable std::mutex mu_;
   WorkerTelemetry telemetry_;  // guarded by mu_
   std::vector<std::string> models_;  // guarded by mu_; empty: not known

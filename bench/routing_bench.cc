@@ -233,7 +233,9 @@ BENCHMARK(BM_RoutingDecision)
 // yet, 1 = every worker lists three models (the request's among them), 2 = half the workers serve another
 // model; 3 and 4 = models unknown, and every worker's KV capacity known (25,000 or 4,000 blocks), so the router
 // also measures the request against one cache of the fleet's capacity (hashing/shared_cache.h): sampled at 1/8
-// or 1/4. (With 4,000 the chosen worker's entries beyond its capacity are evicted at its next record.)
+// or 1/4; 5 = half the workers serve another model and capacities are known (25,000 blocks), so the request is
+// measured against its pool's cache (router/cache_pools.h): 32 workers, sampled at 1/8. (With 4,000 the chosen
+// worker's entries beyond its capacity are evicted at its next record.)
 void BM_RouterRoute(benchmark::State& state) {
   constexpr int kWorkers = 64;
   const int models = static_cast<int>(state.range(0));
@@ -249,13 +251,13 @@ void BM_RouterRoute(benchmark::State& state) {
   const auto workers = registry.snapshot();  // kept while walked (worker_registry.h)
   for (const auto& w : *workers) {
     if (models == 1) w->set_models({"llama-3.1-8b", kModel, "sql-lora"});
-    if (models == 2) w->set_models({w->id() % 2 ? std::string(kModel) : std::string("llama-3.1-8b")});
+    if (models == 2 || models == 5) w->set_models({w->id() % 2 ? std::string(kModel) : std::string("llama-3.1-8b")});
   }
   fill_background(router.index(), kWorkers, 1'000'000, 7);
   fill_conversation(router.index(), kWorkers, parsed().chain);
   // Capacities as the workers' metrics would report them, set once the index is filled.
   if (models >= 3) {
-    for (const auto& w : *workers) router.index().set_capacity(w->id(), models == 3 ? 25'000 : 4'000);
+    for (const auto& w : *workers) router.index().set_capacity(w->id(), models == 4 ? 4'000 : 25'000);
   }
   const auto& r = parsed();
   for (auto _ : state) {
@@ -266,10 +268,11 @@ void BM_RouterRoute(benchmark::State& state) {
     state.ResumeTiming();
   }
   static const char* const kLabels[] = {"models unknown", "all serve the model", "half serve it",
-                                         "shared cache sampled 1/8", "shared cache sampled 1/4"};
+                                         "shared cache sampled 1/8", "shared cache sampled 1/4",
+                                         "half serve it, its pool's cache sampled 1/8"};
   state.SetLabel(kLabels[models]);
 }
-BENCHMARK(BM_RouterRoute)->ArgName("models")->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RouterRoute)->ArgName("models")->DenseRange(0, 5)->Unit(benchmark::kMicrosecond);
 
 // ---------------------------------------------------------------------------------------------------------
 // Stage by stage.

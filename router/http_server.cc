@@ -1254,16 +1254,35 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       out["workers"] = std::move(arr);
       out["sessions"] = svc_.router.session_count();
       out["index_entries"] = svc_.router.index().entries();
-      // The fleet's cache efficiency since start (docs/operations.md, "Cache efficiency").
-      const auto& shared = svc_.router.shared_cache();
+      // The fleet's cache efficiency since start (docs/operations.md, "Cache efficiency"): the fleet's totals,
+      // then each pool of workers that can hold the same blocks (router/cache_pools.h).
+      const auto& pools = svc_.router.cache_pools();
       const auto [hits_workers, hits_shared] = svc_.metrics.fleet_cache_hits();
       json::object sc;
-      sc["capacity_blocks"] = shared.capacity();
-      sc["sample_rate"] = shared.sample_rate();
-      sc["entries"] = shared.entries();
+      sc["capacity_blocks"] = pools.capacity_blocks();
+      sc["sample_rate"] = pools.sample_rate();
       sc["hit_tokens_workers"] = hits_workers;
       sc["hit_tokens_shared"] = hits_shared;
       if (hits_shared > 0) sc["efficiency"] = hits_workers / hits_shared;
+      json::array pool_list;
+      std::size_t entries = 0;
+      for (const auto& p : pools.pools()) {
+        json::object po;
+        po["workers"] = json::array(p.workers.begin(), p.workers.end());
+        po["models"] = json::array(p.models.begin(), p.models.end());
+        po["capacity_blocks"] = p.capacity_blocks;
+        po["sample_rate"] = p.sample_rate;
+        po["entries"] = p.entries;
+        po["hit_tokens_workers"] = p.hit_tokens_workers;
+        po["hit_tokens_shared"] = p.hit_tokens_shared;
+        if (p.hit_tokens_shared > 0) {
+          po["efficiency"] = static_cast<double>(p.hit_tokens_workers) / static_cast<double>(p.hit_tokens_shared);
+        }
+        entries += p.entries;
+        pool_list.push_back(std::move(po));
+      }
+      sc["entries"] = entries;
+      sc["pools"] = std::move(pool_list);
       out["shared_cache"] = std::move(sc);
       return send_json(200, json::serialize(out));
     }

@@ -50,19 +50,19 @@ RouterMetrics::RouterMetrics()
   auto& fleet_hits = prometheus::BuildCounter()
                          .Name("kvroute_fleet_cache_hit_tokens_total")
                          .Help("Cached prompt tokens of the requests whose usage was reported: as their workers reported them "
-                               "(cache=\"workers\"), and as one LRU cache holding the whole fleet's KV capacity would have "
-                               "served them (cache=\"shared\")")
+                               "(cache=\"workers\"), and as one LRU cache holding the whole KV capacity of their worker's pool (the "
+                               "workers serving the same models) would have served them (cache=\"shared\")")
                          .Register(*registry_);
   fleet_hits_workers_ = &fleet_hits.Add({{"cache", "workers"}});
   fleet_hits_shared_ = &fleet_hits.Add({{"cache", "shared"}});
   shared_capacity_ = &prometheus::BuildGauge()
                           .Name("kvroute_shared_cache_capacity_blocks")
-                          .Help("KV capacity of the healthy workers, in blocks: the size of the shared cache the fleet is measured against")
+                          .Help("KV capacity of the healthy workers, in blocks: the size of the shared caches (one per pool of workers serving the same models) the fleet is measured against")
                           .Register(*registry_)
                           .Add({});
   shared_sample_rate_ = &prometheus::BuildGauge()
                              .Name("kvroute_shared_cache_sample_rate")
-                             .Help("Share of blocks the shared cache keeps (1 = exact; less on fleets too large to model exactly)")
+                             .Help("Share of blocks the sparsest shared cache keeps (1 = exact; less on pools too large to model exactly)")
                              .Register(*registry_)
                              .Add({});
   background_held_ = &prometheus::BuildGauge()

@@ -165,20 +165,13 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   }
   metrics_.decision_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
-  // What one cache holding the whole fleet's KV capacity would have served; measured only while every healthy
-  // worker's capacity is known (reported, or --worker-kv-blocks), so the comparison is never against a cache
-  // smaller than the fleet's.
-  std::uint64_t fleet_blocks = 0;
-  bool known = true;
-  for (const auto& w : *workers) {
-    if (!w->healthy()) continue;
-    const std::uint64_t blocks = w->id() < capacity.size() ? capacity[w->id()] : 0;
-    known = known && blocks > 0;
-    fleet_blocks += blocks;
-  }
-  if (known && fleet_blocks > 0) {
-    if (shared_cache_.set_capacity(fleet_blocks)) metrics_.set_shared_cache(fleet_blocks, shared_cache_.sample_rate());
-    d.shared_cached_tokens = servable_tokens(request, shared_cache_.access(request.chain.hashes));
+  // What one cache holding the whole KV capacity of the chosen worker's pool (the workers that can hold the
+  // same blocks) would have served; measured only while every healthy worker of the pool has a known capacity
+  // (reported, or --worker-kv-blocks), so the comparison is never against a cache smaller than the pool's.
+  if (auto shared = cache_pools_.access(*workers, pick->worker, capacity, request.chain.hashes)) {
+    if (shared->resized) metrics_.set_shared_cache(cache_pools_.capacity_blocks(), cache_pools_.sample_rate());
+    d.shared_cached_tokens = servable_tokens(request, shared->blocks);
+    d.shared_pool = shared->pool;
     d.tokens_estimated = request.chain.unit != hashing::Unit::kToken;
   }
   return d;
@@ -292,6 +285,7 @@ void Router::complete(Decision& d, const Outcome& outcome) {
                                                                                    static_cast<double>(d.prompt_tokens))));
         }
         metrics_.fleet_cache_hits(u.cached_tokens, shared);
+        cache_pools_.count(d.shared_pool, u.cached_tokens, shared);
       }
     }
   }

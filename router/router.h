@@ -19,9 +19,9 @@
 
 #include "backends/worker_registry.h"
 #include "hashing/prefix_index.h"
-#include "hashing/shared_cache.h"
 #include "policy/rate_learner.h"
 #include "policy/routing_policy.h"
+#include "router/cache_pools.h"
 #include "router/config.h"
 #include "router/metrics.h"
 #include "router/request.h"
@@ -46,10 +46,12 @@ struct Decision {
   double queue_s = 0;              // prefill work the router believed queued ahead at dispatch (seconds)
   std::uint64_t decode_context_tokens = 0;  // the worker's active decode tokens at dispatch
   std::vector<hashing::BlockHash> expected;  // precise mode: blocks predicted at dispatch, settled at the end
-  // Prompt tokens one LRU holding the fleet's whole KV capacity would have served (hashing/shared_cache.h);
-  // unset while a healthy worker's capacity is unknown. In the router's estimate of the prompt's tokens when
-  // `tokens_estimated` (a text prompt hashed without the worker's tokenizer).
+  // Prompt tokens one LRU holding the whole KV capacity of the worker's pool would have served
+  // (router/cache_pools.h); unset while a healthy worker of the pool has an unknown capacity. In the router's
+  // estimate of the prompt's tokens when `tokens_estimated` (a text prompt hashed without the worker's
+  // tokenizer).
   std::optional<std::uint64_t> shared_cached_tokens;
+  std::uint64_t shared_pool = 0;  // that pool's name
   bool tokens_estimated = false;
   std::string response_id;  // a background request's response id, from its "queued" answer
 };
@@ -81,8 +83,8 @@ class Router {
   void complete(Decision& d, const Outcome& outcome);
 
   hashing::PrefixIndex& index() { return index_; }
-  // One cache of the fleet's whole KV capacity, the reference of kvroute_fleet_cache_hit_tokens_total.
-  const hashing::SharedCache& shared_cache() const { return shared_cache_; }
+  // One cache of each pool's whole KV capacity, the reference of kvroute_fleet_cache_hit_tokens_total.
+  const CachePools& cache_pools() const { return cache_pools_; }
   // Rates learned online per worker (architecture section 7), for the admin API.
   policy::WorkerRates learned_rates(hashing::WorkerId id) const { return learner_.rates(id); }
   const policy::RoutingPolicy& policy() const { return *policy_; }
@@ -134,7 +136,7 @@ class Router {
   RouterMetrics& metrics_;
   hashing::PrefixIndex index_;
   policy::RateLearner learner_;
-  hashing::SharedCache shared_cache_;  // the fleet's capacity as one cache, for kvroute_fleet_cache_hit_tokens_total
+  CachePools cache_pools_;  // each pool's capacity as one cache, for kvroute_fleet_cache_hit_tokens_total
   std::atomic<std::uint64_t> sequence_{0};
 
   // At most --max-sessions bindings, the least recently used forgotten first; idle ones expire off the old end.

@@ -85,5 +85,18 @@ TEST(Worker, ServesItsModelsOnceKnown) {
   EXPECT_FALSE(w.serves(""));
 }
 
+// The models version changes with the list, and only then (readers regroup workers on it).
+TEST(Worker, ModelsVersionChangesWithTheList) {
+  Worker w(0, *parse_worker_url("http://127.0.0.1:8000"));
+  const auto v0 = w.models_version();
+  w.set_models({"qwen3-8b"});
+  const auto v1 = w.models_version();
+  EXPECT_NE(v1, v0);
+  w.set_models({"qwen3-8b"});
+  EXPECT_EQ(w.models_version(), v1);
+  w.set_models({"qwen3-8b", "sql-lora"});
+  EXPECT_NE(w.models_version(), v1);
+}
+
 }  // namespace
 }  // namespace kvroute::backends

@@ -277,6 +277,83 @@ TEST(RouterE2E, FleetCacheEfficiencyIsMeasuredAgainstOneSharedCache) {
   }
 }
 
+// Behind a router of two models each model's prompts are measured against one cache of the capacity of the
+// workers serving it, not of the whole fleet: a pool that thrashes is not reported as fragmented.
+TEST(RouterE2E, CacheEfficiencyIsMeasuredPerPoolOfWorkersOfAModel) {
+  const int base = free_ports(2), api = free_port(), admin = free_port();
+  std::vector<Process> sims;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> argv{bin("kvroute-sim"), "--port", std::to_string(base + i), "--speed", "50",
+                                  "--num-gpu-blocks", "64"};
+    if (i == 1) argv.insert(argv.end(), {"--model", "llama-3.1-8b", "--served-model-name", "llama-3.1-8b"});
+    sims.push_back(Process::start(argv));
+  }
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(wait_http(base + i, "/health", 10s));
+  std::vector<std::string> argv{bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
+                                "127.0.0.1:" + std::to_string(admin), "--health-interval", "0.2",
+                                "--metrics-interval", "0.1"};
+  for (int i = 0; i < 2; ++i) argv.insert(argv.end(), {"--worker", "http://127.0.0.1:" + std::to_string(base + i)});
+  Process router = Process::start(argv);
+  ASSERT_TRUE(wait_http(api, "/health", 10s));
+  // Until a worker's models are read it may be sent any model, and the two workers are one pool; wait for the
+  // two pools, each of one worker's 64 blocks.
+  auto pools = [&] {
+    return json::parse(http(admin, "GET", "/admin/workers").body).at("shared_cache").at("pools").as_array();
+  };
+  for (int i = 0; i < 100 && (pools().size() != 2 || worker_counter(admin, "kvroute_shared_cache_capacity_blocks ") != 128); ++i) {
+    for (const std::string model : {"qwen3-8b", "llama-3.1-8b"}) {
+      auto r = http(api, "POST", "/v1/completions", R"({"model":")" + model + R"(","prompt":"w","max_tokens":1})");
+      ASSERT_EQ(r.status, 200) << r.body << r.error;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(pools().size(), 2u);
+  ASSERT_EQ(worker_counter(admin, "kvroute_shared_cache_capacity_blocks "), 128);
+
+  // Two prompts of 50 blocks (800 tokens) in turn on each model: a worker's 64 blocks hold one of them and
+  // the head of the other, so every repeat hits only a part. One cache of the fleet's 128 blocks would
+  // hold both and hit 49 blocks every time.
+  auto prompt = [](int which) {
+    json::array ids;
+    for (int t = 0; t < 800; ++t) ids.push_back(100 + which * 3000 + (t * 7) % 2900);
+    return ids;
+  };
+  std::map<std::string, std::uint64_t> reported;
+  for (int round = 0; round < 4; ++round) {
+    for (int which = 0; which < 2; ++which) {
+      for (const std::string model : {"qwen3-8b", "llama-3.1-8b"}) {
+        const std::string body = json::serialize(json::object{{"model", model}, {"prompt", prompt(which)}, {"max_tokens", 4}});
+        auto r = http(api, "POST", "/v1/completions", body);
+        ASSERT_EQ(r.status, 200) << r.body << r.error;
+        reported[model] += cached_tokens(r.body);
+      }
+    }
+  }
+  const double all_reported = static_cast<double>(reported["qwen3-8b"] + reported["llama-3.1-8b"]);
+  counter_reaching(admin, "kvroute_fleet_cache_hit_tokens_total{cache=\"workers\"}", all_reported);
+  for (const auto& [model, hit] : reported) {
+    SCOPED_TRACE(model);
+    EXPECT_GT(hit, 6u * 16);        // some of each repeat is served from cache...
+    EXPECT_LT(hit, 6u * 49 * 16 / 2);  // ...far less than one cache of the whole fleet would serve
+  }
+  const json::value status = json::parse(http(admin, "GET", "/admin/workers").body);
+  const auto& sc = status.at("shared_cache");
+  EXPECT_EQ(sc.at("capacity_blocks").to_number<double>(), 128);
+  ASSERT_EQ(sc.at("pools").as_array().size(), 2u);
+  for (const auto& p : sc.at("pools").as_array()) {
+    const std::string model(p.at("models").as_array().at(0).as_string());
+    SCOPED_TRACE(model);
+    ASSERT_EQ(p.at("workers").as_array().size(), 1u);
+    EXPECT_EQ(p.at("capacity_blocks").to_number<double>(), 64);
+    EXPECT_EQ(p.at("hit_tokens_workers").to_number<double>(), static_cast<double>(reported[model]));
+    // The pool's reference behaves as its worker's cache does: within a block per request (the worker also
+    // holds each request's output block).
+    EXPECT_NEAR(p.at("hit_tokens_shared").to_number<double>(), static_cast<double>(reported[model]), 8.0 * 16);
+    EXPECT_GT(p.at("efficiency").to_number<double>(), 0.85);
+  }
+  EXPECT_GT(sc.at("efficiency").to_number<double>(), 0.85);
+}
+
 // (c) A streamed response arrives incrementally and is byte-identical to the worker's own answer.
 TEST(RouterE2E, StreamingIsIncrementalAndByteIdentical) {
   Fleet fleet(3, {}, /*speed=*/1);
