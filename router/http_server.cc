@@ -807,6 +807,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       size = out_.size();
     }
     if (size == 0 && !last) return read_upstream_body();
+    // A background response's "queued" answer, complete: held before the client can act on its id.
+    if (last && decision_ && decision_->background && status_ >= 200 && status_ < 300) svc_.router.hold_answered(*decision_);
     write_down(data, size, last);
   }
 

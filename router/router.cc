@@ -237,11 +237,14 @@ void Router::first_byte(Decision& d) {
 void Router::complete(Decision& d, const Outcome& outcome) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
   // A queued background response keeps its load on the worker until it ends (holds_background()). Streamed, its
-  // exchange lasted until the response was done.
-  if (d.background && !d.streamed && outcome.ok && !d.response_id.empty() && !d.worker->removed()) {
-    hold_background(d);
-  } else {
-    d.worker->end(d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
+  // exchange lasted until the response was done. One held when its answer was read (hold_answered) stays held
+  // whether that answer then reached the client or not: the response runs on the worker either way.
+  if (!d.held) {
+    if (d.background && !d.streamed && outcome.ok && !d.response_id.empty() && !d.worker->removed()) {
+      hold_background(d);
+    } else {
+      d.worker->end(d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
+    }
   }
   metrics_.request_seconds(total);
   if (!outcome.ok && outcome.worker_failed) metrics_.error("upstream");
@@ -309,6 +312,12 @@ void Router::hold_background(const Decision& d) {
   if (replaced) release(*replaced);
   metrics_.set_background_held(held);
   if (held > kMaxHeldBackground) expire_background(std::chrono::steady_clock::now());
+}
+
+void Router::hold_answered(Decision& d) {
+  if (d.held || !d.background || d.streamed || d.response_id.empty() || d.worker->removed()) return;
+  hold_background(d);
+  d.held = true;
 }
 
 bool Router::holds_background(const std::string& id) const {

@@ -54,6 +54,7 @@ struct Decision {
   std::uint64_t shared_pool = 0;  // that pool's name
   bool tokens_estimated = false;
   std::string response_id;  // a background request's response id, from its "queued" answer
+  bool held = false;        // its load is already held as a background response's (Router::hold_answered)
 };
 
 struct Usage {
@@ -103,6 +104,10 @@ class Router {
   // --request-timeout after the answer (another router replica's polls are not seen). At most 100,000 are held;
   // beyond, the oldest is let go.
   bool holds_background(const std::string& id) const;
+  // The background request's "queued" answer has been read in full, and is about to reach the client: its
+  // load is held from now on. Called before the answer is written, so that a client that polls or cancels the
+  // moment it has the id finds it held; complete() comes only after the write. No-op for other requests.
+  void hold_answered(Decision& d);
   void background_ended(const std::string& id);
   // How many are held, after letting go of those past their deadline (sets the metric; read at /metrics).
   std::size_t background_held();
