@@ -244,6 +244,21 @@ const std::vector<Option>& options() {
        "prices admission beyond it and sessions are not moved onto a worker with 70 % of it in flight "
        "(default 256)",
        INT_OPT(std::uint32_t, worker_max_seqs, 1, 1u << 20)},
+      {"priority-header", "NAME",
+       "request header whose value 'sheddable' lets the router refuse the request with 429 while every worker "
+       "that could serve it is saturated (so does the OpenAI field \"service_tier\": \"flex\") (default "
+       "x-kvroute-priority)",
+       [](Config& c, const std::string& v) -> std::optional<std::string> {
+         if (v.empty()) return "must not be empty";
+         c.priority_header = v;
+         return std::nullopt;
+       }},
+      {"shed-queue-depth", "N",
+       "a worker is saturated for sheddable requests with this many requests waiting (its polled queue, or "
+       "the router's in-flight count beyond --worker-max-seqs) (default 5)",
+       INT_OPT(std::uint32_t, shed_queue_depth, 1, 1u << 20)},
+      {"shed-kv-usage", "X", "... or with this share of its KV cache in use, 0-1 (default 0.8)",
+       DOUBLE_OPT(shed_kv_usage, 0, 1)},
       {"kv-cost-alpha", "X", "kv_cost weight of the recompute a request causes: evicted reused blocks, prefixes "
        "duplicated from another worker (default 1)", DOUBLE_OPT(kv_cost_alpha, 0, 1e6)},
       {"kv-cost-beta", "X", "kv_cost weight of the request's decode time on the worker's batch (default 0.5)",

@@ -91,6 +91,12 @@ struct Config {
   std::uint64_t worker_kv_blocks = 0;  // KV capacity per worker in blocks when the worker reports none
   double prefill_tokens_per_s = 20000;  // starting prefill rate before learning
   std::uint32_t worker_max_seqs = 256;  // a worker's cap on running sequences (vLLM --max-num-seqs)
+  // Load shedding (Router::route): a request marked sheddable is refused with 429 while no worker that could
+  // serve it has room. The thresholds are those of the Kubernetes Gateway API Inference Extension's
+  // saturation detector (pkg/epp/saturationdetector: waiting queue 5, KV cache utilization 0.8).
+  std::string priority_header = "x-kvroute-priority";
+  std::uint32_t shed_queue_depth = 5;
+  double shed_kv_usage = 0.8;
   double kv_cost_alpha = 1.0;
   double kv_cost_beta = 0.5;
 

@@ -414,7 +414,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
                                        "' are not supported: send the JSON uncompressed",
                                    415, "invalid_request_error", "unsupported_content_encoding"));
     }
-    RequestHeaders headers{req_[svc_.config.session_header], req_[svc_.config.tenant_header]};
+    RequestHeaders headers{req_[svc_.config.session_header], req_[svc_.config.tenant_header],
+                           req_[svc_.config.priority_header]};
     auto parsed = parse_request(endpoint, req_.body(), headers,
                                 ParseOptions{svc_.config.block_tokens, svc_.config.block_bytes, want_tokenize()});
     if (!parsed) {
@@ -1374,7 +1375,14 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
                           405, "invalid_request_error", "method_not_allowed"));
   }
 
-  void send_error(const Error& e) { send_json(e.status, error_json(e)); }
+  void send_error(const Error& e) {
+    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(e.status), 11);
+    res->set(http::field::content_type, "application/json");
+    // A sheddable request refused while the fleet is saturated: it can come back in a moment.
+    if (e.status == 429) res->set(http::field::retry_after, "1");
+    res->body() = error_json(e);
+    write_response(res);
+  }
 
   void send_json(unsigned status, std::string body) {
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), 11);

@@ -1,6 +1,8 @@
 #include "router/request.h"
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstring>
 #include <optional>
 
@@ -18,6 +20,12 @@ namespace json = boost::json;
 namespace {
 
 constexpr std::size_t kAffinityChars = 100;  // KubeAI PrefixHash hashes the first 100 characters
+
+bool equals_ignoring_case(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
 
 Error field_error(const std::string& field, const std::string& what, const char* code = "invalid_type") {
   return make_error("'" + field + "' " + what, 400, "invalid_request_error", code);
@@ -135,6 +143,11 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
     }
   }
 
+  r.sheddable = equals_ignoring_case(headers.priority, "sheddable");
+  if (const auto* tier = obj->if_contains("service_tier"); tier && !tier->is_null()) {
+    if (!tier->is_string()) return field_error("service_tier", "must be a string");
+    r.sheddable = r.sheddable || tier->get_string() == "flex";
+  }
   r.session_key = std::string(headers.session);
   if (const auto* user = obj->if_contains("user"); user && !user->is_null()) {
     if (!user->is_string()) return field_error("user", "must be a string");

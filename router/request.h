@@ -25,6 +25,7 @@ enum class Endpoint { kChatCompletions, kCompletions, kResponses };
 struct RequestHeaders {
   std::string_view session;  // value of the configured session header, if any
   std::string_view tenant;   // value of the configured tenant header, if any
+  std::string_view priority; // value of the configured priority header, if any
 };
 
 struct ParseOptions {
@@ -42,6 +43,9 @@ struct RoutableRequest {
   std::string session_key;         // header, else the OpenAI `user` field; empty: no session
   std::string previous_response_id;  // Responses API: the stored response this request continues
   bool background = false;         // Responses API: answered at once ("queued"); the worker runs it later
+  // May be refused (429) while every worker that could serve it is saturated: the priority header says
+  // "sheddable", or the body asks for OpenAI's "flex" service tier (which may answer 429 when capacity is short).
+  bool sheddable = false;
   std::string namespace_salt;      // tenant header and/or cache_salt
   std::string affinity_key;        // model + first 100 characters of the first user message (or prompt)
   hashing::BlockChain chain;

@@ -85,6 +85,14 @@ Result<Decision> Router::route(const RoutableRequest& request) {
       }
     }
   }
+  if (request.sheddable && !keep_with_room(views)) {
+    metrics_.error("fleet_saturated");
+    return make_error("every worker that could serve this request is saturated (" +
+                          std::to_string(config_.shed_queue_depth) + " or more requests waiting, or " +
+                          std::to_string(static_cast<int>(std::lround(config_.shed_kv_usage * 100))) +
+                          " % or more of its KV cache in use), and the request is sheddable: try again shortly",
+                      429, "resource_unavailable", "fleet_saturated");
+  }
   hashing::WorkerId max_id = 0;
   for (const auto& v : views) max_id = std::max(max_id, v.id);
   reused.assign(static_cast<std::size_t>(max_id) + 1, 0);
@@ -175,6 +183,25 @@ Result<Decision> Router::route(const RoutableRequest& request) {
     d.tokens_estimated = request.chain.unit != hashing::Unit::kToken;
   }
   return d;
+}
+
+bool Router::keep_with_room(std::vector<policy::WorkerView>& views) const {
+  // Room: a short waiting queue and KV cache to spare as last polled, and, between polls, no more requests
+  // sent than it can run plus that queue.
+  auto room = [&](const policy::WorkerView& v) {
+    return v.waiting < config_.shed_queue_depth && v.kv_usage < config_.shed_kv_usage &&
+           v.in_flight < config_.worker_max_seqs + config_.shed_queue_depth;
+  };
+  bool any_healthy = false, any_room = false;
+  for (const auto& v : views) {
+    any_healthy = any_healthy || v.healthy;
+    any_room = any_room || (v.healthy && room(v));
+  }
+  // No healthy worker at all is not saturation: the request fails as unroutable (503).
+  if (!any_healthy) return true;
+  if (!any_room) return false;
+  for (auto& v : views) v.healthy = v.healthy && room(v);
+  return true;
 }
 
 std::uint64_t Router::servable_tokens(const RoutableRequest& request, std::uint64_t blocks) {

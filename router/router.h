@@ -118,6 +118,11 @@ class Router {
     std::chrono::steady_clock::time_point last_used;
   };
   void match_prefix(const RoutableRequest& request, hashing::PrefixIndex::Match& out) const;
+  // Load shedding, for a sheddable request: keeps only the candidates with room (--shed-queue-depth,
+  // --shed-kv-usage), so it adds nothing to a saturated worker's queue; false when none has room. The
+  // thresholds follow the Gateway API Inference Extension's saturation detector, which also sends sheddable
+  // requests only to pods below them.
+  bool keep_with_room(std::vector<policy::WorkerView>& views) const;
   // The most leading blocks an engine serves from cache for this prompt (UINT32_MAX: no limit known), and
   // `blocks` leading blocks as the tokens an engine would serve.
   static std::uint32_t servable_blocks(const RoutableRequest& request);

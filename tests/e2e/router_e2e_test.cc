@@ -354,6 +354,60 @@ TEST(RouterE2E, CacheEfficiencyIsMeasuredPerPoolOfWorkersOfAModel) {
   EXPECT_GT(sc.at("efficiency").to_number<double>(), 0.85);
 }
 
+// Load shedding: while every worker has its running cap plus the queue depth in flight, a request marked
+// sheddable (the priority header, or OpenAI's "flex" service tier) gets 429 with Retry-After and never reaches
+// a worker; other requests are still served, and sheddable ones are again once a worker has room.
+TEST(RouterE2E, SheddableRequestsAreRefusedWhileTheFleetIsSaturated) {
+  Fleet fleet(2, {"--policy", "least_request", "--worker-max-seqs", "1", "--shed-queue-depth", "1"}, /*speed=*/1,
+              {"--max-num-seqs", "1"});
+  auto in_flight = [&] {
+    std::vector<std::int64_t> n;
+    const json::value listed = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
+    for (const auto& w : listed.at("workers").as_array()) {
+      n.push_back(w.at("in_flight").to_number<std::int64_t>());
+    }
+    return n;
+  };
+  // Two long requests on each worker: one running, one waiting behind the cap of one.
+  std::vector<std::thread> long_ones;
+  for (int i = 0; i < 4; ++i) {
+    long_ones.emplace_back([&, i] {
+      auto r = http(fleet.api(), "POST", "/v1/completions",
+                    R"({"model":"qwen3-8b","prompt":"long )" + std::to_string(i) + R"(","max_tokens":400})");
+      EXPECT_EQ(r.status, 200) << r.body;
+    });
+  }
+  for (int i = 0; i < 200 && in_flight() != std::vector<std::int64_t>{2, 2}; ++i) std::this_thread::sleep_for(10ms);
+  if (in_flight() != std::vector<std::int64_t>{2, 2}) {
+    for (auto& t : long_ones) t.join();  // they use the fleet
+    FAIL() << "the four long requests were not spread two and two";
+  }
+  const double served_before = served_requests(fleet.worker_port(0)) + served_requests(fleet.worker_port(1));
+
+  auto shed = http(fleet.api(), "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"hi","max_tokens":2})",
+                   {{"x-kvroute-priority", "sheddable"}});
+  EXPECT_EQ(shed.status, 429) << shed.body;
+  EXPECT_EQ(shed.header("retry-after"), "1");
+  EXPECT_EQ(json::parse(shed.body).at("error").at("code").as_string(), "fleet_saturated") << shed.body;
+  json::array messages;
+  messages.push_back(json::object{{"role", "user"}, {"content", "hi"}});
+  json::object flex{{"model", "qwen3-8b"}, {"messages", messages}, {"max_tokens", 2}, {"service_tier", "flex"}};
+  EXPECT_EQ(http(fleet.api(), "POST", "/v1/chat/completions", json::serialize(flex)).status, 429);
+  EXPECT_EQ(in_flight(), (std::vector<std::int64_t>{2, 2}));  // neither reached a worker
+  EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_errors_total{kind=\"fleet_saturated\"}"), 2);
+
+  // Not sheddable: queued on a worker and served.
+  auto normal = http(fleet.api(), "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"hi","max_tokens":2})",
+                     {{"x-kvroute-priority", "critical"}});
+  EXPECT_EQ(normal.status, 200) << normal.body;
+  for (auto& t : long_ones) t.join();
+  EXPECT_EQ(served_requests(fleet.worker_port(0)) + served_requests(fleet.worker_port(1)), served_before + 5);
+
+  // Room again.
+  auto later = http(fleet.api(), "POST", "/v1/chat/completions", json::serialize(flex));
+  EXPECT_EQ(later.status, 200) << later.body;
+}
+
 // (c) A streamed response arrives incrementally and is byte-identical to the worker's own answer.
 TEST(RouterE2E, StreamingIsIncrementalAndByteIdentical) {
   Fleet fleet(3, {}, /*speed=*/1);

@@ -26,7 +26,21 @@ TEST(Config, DefaultsMatchTheDocumentation) {
   EXPECT_EQ(c->max_sessions, 250000u);
   EXPECT_EQ(c->max_held_body_bytes, 512ull << 20);
   EXPECT_EQ(c->response_ids, 100000u);
+  EXPECT_EQ(c->priority_header, "x-kvroute-priority");
+  EXPECT_EQ(c->shed_queue_depth, 5u);
+  EXPECT_DOUBLE_EQ(c->shed_kv_usage, 0.8);
   EXPECT_TRUE(c->workers.empty());
+}
+
+TEST(Config, SheddingThresholds) {
+  auto c = parse({"--shed-queue-depth", "2", "--shed-kv-usage=0.95", "--priority-header", "x-priority"});
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_EQ(c->shed_queue_depth, 2u);
+  EXPECT_DOUBLE_EQ(c->shed_kv_usage, 0.95);
+  EXPECT_EQ(c->priority_header, "x-priority");
+  EXPECT_FALSE(parse({"--shed-kv-usage", "1.5"}));
+  EXPECT_FALSE(parse({"--shed-queue-depth", "0"}));
+  EXPECT_FALSE(parse({"--priority-header="}));
 }
 
 TEST(Config, FlagsInBothForms) {

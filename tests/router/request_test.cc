@@ -40,6 +40,22 @@ TEST(Request, SessionHeaderWinsOverUser) {
   EXPECT_EQ(r->session_key, "s-9");
 }
 
+TEST(Request, SheddableByPriorityHeaderOrFlexServiceTier) {
+  const std::string body = R"({"model":"m","messages":[{"role":"user","content":"x"}]})";
+  EXPECT_FALSE(chat(body)->sheddable);
+  EXPECT_TRUE(chat(body, {"", "", "sheddable"})->sheddable);
+  EXPECT_TRUE(chat(body, {"", "", "SHEDDABLE"})->sheddable);
+  EXPECT_FALSE(chat(body, {"", "", "critical"})->sheddable);
+  auto flex = chat(R"({"model":"m","service_tier":"flex","messages":[{"role":"user","content":"x"}]})");
+  ASSERT_TRUE(flex);
+  EXPECT_TRUE(flex->sheddable);
+  EXPECT_FALSE(chat(R"({"model":"m","service_tier":"default","messages":[{"role":"user","content":"x"}]})")->sheddable);
+  EXPECT_FALSE(chat(R"({"model":"m","service_tier":null,"messages":[{"role":"user","content":"x"}]})")->sheddable);
+  auto bad = chat(R"({"model":"m","service_tier":3,"messages":[{"role":"user","content":"x"}]})");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("service_tier"), std::string::npos);
+}
+
 TEST(Request, CacheSaltAndTenantSeparateNamespaces) {
   const std::string text(256, 'p');
   auto a = completion(R"({"model":"m","prompt":")" + text + R"(","cache_salt":"a"})");
