@@ -76,6 +76,12 @@ class Worker {
   // Takes the worker out of rotation; true when this call did (it was healthy), so one caller reports it.
   bool mark_unhealthy() { return healthy_.exchange(false, std::memory_order_relaxed); }
 
+  // Cordoned by the operator (POST /admin/workers/NAME/cordon): no new request is routed to it, while the
+  // requests in flight finish, continuations of the responses it stores still reach it, and what the router
+  // learned about it (index, rates, sessions elsewhere) is kept. Independent of health.
+  bool cordoned() const { return cordoned_.load(std::memory_order_relaxed); }
+  void set_cordoned(bool c) { cordoned_.store(c, std::memory_order_relaxed); }
+
   // Precise mode: the worker's KV event stream is live, so the index holds what it reports and the router
   // records no predictions for it. Approximate mode otherwise.
   bool precise() const { return precise_.load(std::memory_order_relaxed); }
@@ -111,6 +117,7 @@ class Worker {
   std::atomic<bool> removed_{false};
   std::atomic<bool> healthy_{true};
   std::atomic<bool> precise_{false};
+  std::atomic<bool> cordoned_{false};
   std::atomic<std::uint32_t> in_flight_{0};
   std::atomic<std::uint64_t> pending_prefill_{0};
   std::atomic<std::uint64_t> active_decode_{0};

@@ -11,7 +11,7 @@
 // known yet is taken to serve any model, as the router routes it, which joins every worker into one pool:
 // the whole fleet, as for a router of one model.
 //
-// Each pool has its own hashing::SharedCache sized to its healthy workers' capacity. A pool is named after
+// Each pool has its own hashing::SharedCache sized to its healthy, uncordoned workers' capacity. A pool is named after
 // its oldest worker (the smallest registry serial) and keeps its cache under that name when workers join or
 // leave it, so a scale-up resizes the cache instead of emptying it. A worker added to a multi-model fleet
 // joins every pool into one until its models are read; the pools merged away meanwhile are set aside and get

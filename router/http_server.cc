@@ -1233,6 +1233,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
         o["name"] = w->name();
         o["url"] = w->endpoint().url;
         o["healthy"] = w->healthy();
+        o["cordoned"] = w->cordoned();
         o["in_flight"] = w->in_flight();
         json::array models;
         for (const auto& m : w->models()) models.emplace_back(m);
@@ -1350,6 +1351,24 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
         out["cpu"] = std::move(cpu);
         out["predicted"] = std::move(predicted);
         return send_json(200, json::serialize(out));
+      }
+      return send_error(make_error("no worker named '" + name + "'", 404, "invalid_request_error", "not_found"));
+    }
+    if (path.starts_with("/admin/workers/") && req_.method() == http::verb::post &&
+        (path.ends_with("/cordon") || path.ends_with("/uncordon"))) {
+      // Takes a worker out of rotation for new requests, or puts it back; requests in flight are not touched.
+      const bool cordon = path.ends_with("/cordon");
+      const std::string name(path.substr(15, path.size() - 15 - (cordon ? 7 : 9)));
+      const auto workers = svc_.registry.snapshot();
+      for (const auto& w : *workers) {
+        if (w->name() != name && std::to_string(w->id()) != name) continue;
+        w->set_cordoned(cordon);
+        if (auto s = svc_.metrics.worker(w->id())) s->cordoned->Set(cordon ? 1 : 0);
+        LOG_INFO("worker " << w->name() << (cordon ? " cordoned" : " uncordoned") << " through the admin API ("
+                           << w->in_flight() << " requests in flight)");
+        return send_json(200, std::string("{\"worker\":") + json::serialize(json::value(w->name())) +
+                                  ",\"cordoned\":" + (cordon ? "true" : "false") +
+                                  ",\"in_flight\":" + std::to_string(w->in_flight()) + "}");
       }
       return send_error(make_error("no worker named '" + name + "'", 404, "invalid_request_error", "not_found"));
     }

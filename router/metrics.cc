@@ -22,6 +22,7 @@ RouterMetrics::RouterMetrics()
       completion_(prometheus::BuildCounter().Name("kvroute_completion_tokens_total").Help("Completion tokens the workers reported").Register(*registry_)),
       in_flight_(prometheus::BuildGauge().Name("kvroute_worker_in_flight").Help("Requests in flight per worker").Register(*registry_)),
       healthy_(prometheus::BuildGauge().Name("kvroute_worker_healthy").Help("1 when the worker passes health checks").Register(*registry_)),
+      cordoned_(prometheus::BuildGauge().Name("kvroute_worker_cordoned").Help("1 while the worker is cordoned: no new requests are routed to it").Register(*registry_)),
       kv_usage_(prometheus::BuildGauge().Name("kvroute_worker_kv_usage").Help("KV cache usage the worker last reported (0-1)").Register(*registry_)),
       precise_(prometheus::BuildGauge().Name("kvroute_worker_precise_mode").Help("1 while the worker's KV event stream is live (precise mode), 0 in approximate mode").Register(*registry_)),
       ttft_(prometheus::BuildHistogram().Name("kvroute_ttft_seconds").Help("Time to the first token, per worker: the first byte of the response body (of a Responses API stream, its first output event)").Register(*registry_)),
@@ -87,7 +88,7 @@ void RouterMetrics::add_worker(hashing::WorkerId id, const std::string& name) {
   const prometheus::Labels l{{"worker", name}};
   auto s = std::make_shared<WorkerSeries>(WorkerSeries{
       &requests_.Add(l), &prompt_tokens_.Add(l), &predicted_.Add(l), &reported_.Add(l), &confirmed_.Add(l), &completion_.Add(l),
-      &in_flight_.Add(l), &healthy_.Add(l), &kv_usage_.Add(l), &precise_.Add(l), &ttft_.Add(l, kLatencyBuckets)});
+      &in_flight_.Add(l), &healthy_.Add(l), &cordoned_.Add(l), &kv_usage_.Add(l), &precise_.Add(l), &ttft_.Add(l, kLatencyBuckets)});
   s->healthy->Set(1);
   std::lock_guard lock(mu_);
   workers_[id] = std::move(s);
@@ -110,6 +111,7 @@ void RouterMetrics::remove_worker(hashing::WorkerId id) {
   completion_.Remove(s->completion_tokens);
   in_flight_.Remove(s->in_flight);
   healthy_.Remove(s->healthy);
+  cordoned_.Remove(s->cordoned);
   kv_usage_.Remove(s->kv_usage);
   precise_.Remove(s->precise_mode);
   ttft_.Remove(s->ttft);

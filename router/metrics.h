@@ -41,6 +41,7 @@ class RouterMetrics {
     prometheus::Counter* completion_tokens;
     prometheus::Gauge* in_flight;
     prometheus::Gauge* healthy;
+    prometheus::Gauge* cordoned;
     prometheus::Gauge* kv_usage;
     prometheus::Gauge* precise_mode;
     prometheus::Histogram* ttft;
@@ -102,6 +103,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>& completion_;
   prometheus::Family<prometheus::Gauge>& in_flight_;
   prometheus::Family<prometheus::Gauge>& healthy_;
+  prometheus::Family<prometheus::Gauge>& cordoned_;
   prometheus::Family<prometheus::Gauge>& kv_usage_;
   prometheus::Family<prometheus::Gauge>& precise_;
   prometheus::Family<prometheus::Histogram>& ttft_;

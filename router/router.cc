@@ -85,6 +85,12 @@ Result<Decision> Router::route(const RoutableRequest& request) {
       }
     }
   }
+  // A cordoned worker takes no new request, except the continuation of a response only it stores.
+  if (!owner_at) {
+    for (std::size_t i = 0; i < views.size(); ++i) {
+      if ((*workers)[i]->cordoned()) views[i].healthy = false;
+    }
+  }
   if (request.sheddable && !keep_with_room(views)) {
     metrics_.error("fleet_saturated");
     return make_error("every worker that could serve this request is saturated (" +
@@ -242,7 +248,7 @@ std::shared_ptr<backends::Worker> Router::any_healthy(std::string_view model) co
   std::shared_ptr<backends::Worker> best, best_serving;
   const auto workers = registry_.snapshot();
   for (const auto& w : *workers) {
-    if (!w->healthy()) continue;
+    if (!w->healthy() || w->cordoned()) continue;
     if (!best || w->in_flight() < best->in_flight()) best = w;
     if (!model.empty() && w->serves(model) && (!best_serving || w->in_flight() < best_serving->in_flight())) {
       best_serving = w;

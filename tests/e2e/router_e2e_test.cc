@@ -408,6 +408,65 @@ TEST(RouterE2E, SheddableRequestsAreRefusedWhileTheFleetIsSaturated) {
   EXPECT_EQ(later.status, 200) << later.body;
 }
 
+// An operator cordons a worker: new requests go elsewhere, the request in flight on it finishes, a
+// continuation of a response it stores still reaches it, and once uncordoned it takes requests again.
+TEST(RouterE2E, ACordonedWorkerTakesNoNewRequests) {
+  Fleet fleet(2, {"--policy", "round_robin"}, /*speed=*/5);
+  // A response stored on one worker, then a long request running on that same worker.
+  json::object first{{"model", "qwen3-8b"}, {"input", "Plan a trip."}, {"max_output_tokens", 4}};
+  auto stored = http(fleet.api(), "POST", "/v1/responses", json::serialize(first));
+  ASSERT_EQ(stored.status, 200) << stored.body;
+  const std::string owner = stored.header("x-kvroute-worker");
+  const std::string id(json::parse(stored.body).at("id").as_string());
+  // Round robin alternates: the request after the other worker's goes to the owner.
+  auto warm = http(fleet.api(), "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"warm","max_tokens":1})");
+  ASSERT_NE(warm.header("x-kvroute-worker"), owner);
+  HttpResponse long_one;
+  std::thread running([&] {
+    long_one = http(fleet.api(), "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"a long one","max_tokens":1500})");
+  });
+  const std::string in_flight_series = "kvroute_worker_in_flight{worker=\"" + owner + "\"}";
+  if (counter_reaching(fleet.admin(), in_flight_series, 1) != 1) {
+    running.join();  // it uses the fleet
+    FAIL() << "the long request is not on the owner";
+  }
+
+  auto cordon = http(fleet.admin(), "POST", "/admin/workers/" + owner + "/cordon");
+  ASSERT_EQ(cordon.status, 200) << cordon.body;
+  EXPECT_EQ(json::parse(cordon.body).at("in_flight").to_number<int>(), 1);
+  EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_worker_cordoned{worker=\"" + owner + "\"}"), 1);
+  for (int i = 0; i < 6; ++i) {
+    auto r = http(fleet.api(), "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"next","max_tokens":1})");
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_NE(r.header("x-kvroute-worker"), owner);
+    EXPECT_NE(http(fleet.api(), "POST", "/v1/embeddings", R"({"model":"qwen3-8b","input":"x"})").header("x-kvroute-worker"), owner);
+  }
+  // Only the owner can continue its response.
+  json::object next{{"model", "qwen3-8b"}, {"input", "And then?"}, {"max_output_tokens", 4}, {"previous_response_id", id}};
+  auto continued = http(fleet.api(), "POST", "/v1/responses", json::serialize(next));
+  EXPECT_EQ(continued.status, 200) << continued.body;
+  EXPECT_EQ(continued.header("x-kvroute-worker"), owner);
+  bool listed_cordoned = false;
+  const json::value listed = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
+  for (const auto& w : listed.at("workers").as_array()) {
+    if (w.at("name").as_string() == owner) listed_cordoned = w.at("cordoned").as_bool();
+  }
+  EXPECT_TRUE(listed_cordoned);
+  running.join();
+  EXPECT_EQ(long_one.status, 200);  // in flight when cordoned, and finished
+  EXPECT_EQ(long_one.header("x-kvroute-worker"), owner);
+
+  ASSERT_EQ(http(fleet.admin(), "POST", "/admin/workers/" + owner + "/uncordon").status, 200);
+  std::set<std::string> served;
+  for (int i = 0; i < 2; ++i) {
+    served.insert(http(fleet.api(), "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"back","max_tokens":1})")
+                      .header("x-kvroute-worker"));
+  }
+  EXPECT_TRUE(served.count(owner));
+  EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_worker_cordoned{worker=\"" + owner + "\"}"), 0);
+  EXPECT_EQ(http(fleet.admin(), "POST", "/admin/workers/nobody/cordon").status, 404);
+}
+
 // (c) A streamed response arrives incrementally and is byte-identical to the worker's own answer.
 TEST(RouterE2E, StreamingIsIncrementalAndByteIdentical) {
   Fleet fleet(3, {}, /*speed=*/1);
