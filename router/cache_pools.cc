@@ -73,7 +73,9 @@ void CachePools::regroup(const backends::WorkerList& workers) {
     }
     pool->workers.push_back(workers[i]->name());
     for (auto& m : models[i]) {
-      if (std::find(pool->models.begin(), pool->models.end(), m) == pool->models.end()) pool->models.push_back(std::move(m));
+      if (std::find(pool->models.begin(), pool->models.end(), m) == pool->models.end()) {
+        pool->models.push_back(std::move(m));
+      }
     }
   }
   // A pool merged into another (a new worker of not yet known models joins every pool) is set aside, so it

@@ -11,11 +11,11 @@
 // known yet is taken to serve any model, as the router routes it, which joins every worker into one pool:
 // the whole fleet, as for a router of one model.
 //
-// Each pool has its own hashing::SharedCache sized to its healthy, uncordoned workers' capacity. A pool is named after
-// its oldest worker (the smallest registry serial) and keeps its cache under that name when workers join or
-// leave it, so a scale-up resizes the cache instead of emptying it. A worker added to a multi-model fleet
-// joins every pool into one until its models are read; the pools merged away meanwhile are set aside and get
-// their caches back when they split off again.
+// Each pool has its own hashing::SharedCache sized to its healthy, uncordoned workers' capacity. A pool is
+// named after its oldest worker (the smallest registry serial) and keeps its cache under that name when
+// workers join or leave it, so a scale-up resizes the cache instead of emptying it. A worker added to a
+// multi-model fleet joins every pool into one until its models are read; the pools merged away meanwhile are
+// set aside and get their caches back when they split off again.
 //
 //   CachePools pools;
 //   if (auto a = pools.access(*workers, picked, capacity, chain.hashes)) ...   // a->blocks: the pool's hit
@@ -52,8 +52,8 @@ class CachePools {
     bool resized = false;      // the pool's capacity changed with this access (refresh the gauges)
   };
   // What the pool of workers[picked] would have served from one shared cache, after which the chain is
-  // recorded there. nullopt while some healthy worker of that pool has an unknown capacity (`capacity`,
-  // indexed by worker id, is 0), so the comparison is never against a cache smaller than the pool's.
+  // recorded there. nullopt while some healthy, uncordoned worker of that pool has an unknown capacity
+  // (`capacity`, indexed by worker id, is 0), so the comparison is never against a cache smaller than the pool's.
   std::optional<Access> access(const backends::WorkerList& workers, std::size_t picked,
                                const std::vector<std::uint64_t>& capacity, std::span<const hashing::BlockHash> chain);
   // Adds a request's cached tokens, as its worker reported them and as its pool's shared cache would have
