@@ -134,7 +134,11 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   std::optional<policy::Pick> pick = policy_->pick(ctx);
   if (!pick) {
     metrics_.error("no_healthy_worker");
-    return make_error(workers->empty() ? "no workers are configured" : "no healthy worker is available to serve the request",
+    const bool cordoned = std::any_of(workers->begin(), workers->end(), [](const auto& w) { return w->healthy() && w->cordoned(); });
+    return make_error(workers->empty() ? "no workers are configured"
+                      : cordoned      ? "no healthy worker is available to serve the request: the healthy ones are "
+                                        "cordoned (POST /admin/workers/NAME/uncordon on the admin listener)"
+                                      : "no healthy worker is available to serve the request",
                       503, "service_unavailable", "no_healthy_worker");
   }
   Decision d;

@@ -456,6 +456,14 @@ TEST(RouterE2E, ACordonedWorkerTakesNoNewRequests) {
   EXPECT_EQ(long_one.status, 200);  // in flight when cordoned, and finished
   EXPECT_EQ(long_one.header("x-kvroute-worker"), owner);
 
+  // Both cordoned: nothing can take a new request, and the answer says why.
+  const std::string other = owner == fleet.worker_name(0) ? fleet.worker_name(1) : fleet.worker_name(0);
+  ASSERT_EQ(http(fleet.admin(), "POST", "/admin/workers/" + other + "/cordon").status, 200);
+  auto none = http(fleet.api(), "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"next","max_tokens":1})");
+  EXPECT_EQ(none.status, 503);
+  EXPECT_NE(none.body.find("cordoned"), std::string::npos) << none.body;
+  ASSERT_EQ(http(fleet.admin(), "POST", "/admin/workers/" + other + "/uncordon").status, 200);
+
   ASSERT_EQ(http(fleet.admin(), "POST", "/admin/workers/" + owner + "/uncordon").status, 200);
   std::set<std::string> served;
   for (int i = 0; i < 2; ++i) {
