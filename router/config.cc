@@ -257,7 +257,8 @@ const std::vector<Option>& options() {
        "a worker is saturated for sheddable requests with this many requests waiting (its polled queue, or "
        "the router's in-flight count beyond --worker-max-seqs) (default 5)",
        INT_OPT(std::uint32_t, shed_queue_depth, 1, 1u << 20)},
-      {"shed-kv-usage", "X", "... or with this share of its KV cache in use, 0-1 (default 0.8)",
+      {"shed-kv-usage", "X", "a worker is saturated for sheddable requests with this share of its KV cache in use, 0-1 "
+       "(default 0.8)",
        DOUBLE_OPT(shed_kv_usage, 0, 1)},
       {"kv-cost-alpha", "X", "kv_cost weight of the recompute a request causes: evicted reused blocks, prefixes "
        "duplicated from another worker (default 1)", DOUBLE_OPT(kv_cost_alpha, 0, 1e6)},
