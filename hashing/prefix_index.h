@@ -83,7 +83,9 @@ class PrefixIndex {
   void match(std::span<const BlockHash> chain, Match& out) const;
 
   std::size_t worker_blocks(WorkerId worker) const;
-  // Blocks of this worker that have been hit again since they were stored (used to price evictions).
+  // Blocks of this worker that have been touched again since they were first stored (used to price
+  // evictions): recorded again, or stored again (in precise mode, a block expect() predicted and the worker's
+  // event then confirmed counts).
   std::size_t worker_reused_blocks(WorkerId worker) const;
   // worker_reused_blocks() and capacity() of every worker id below reused.size(), under one lock (the
   // routing hot path); `capacity` is resized to match.

@@ -15,7 +15,9 @@
 //              the pool to turn over the prefill queued ahead plus this request, about out x step per pool
 //   TTFT     = queue + prefill + admit                 (the estimate session affinity compares)
 //   evict    = blocks the request computes x share of the worker's capacity holding blocks that were hit
-//              again x recompute time of a block     (a warm cache evicts one block per block computed)
+//              again x recompute time of a block     (a warm cache evicts one block per block computed; in
+//              precise mode a predicted block the worker's event confirms counts as hit again, so the share
+//              is close to how full the worker's cache is: docs/benchmarks.md, "Counting only real reuse")
 //   dup      = 5 x prefill time of the tokens some other worker holds but this one would recompute
 //   idle     = the fleet's spare prefill: the shortest prefill queue (pending / P) of any healthy worker
 //   delay    = 0.2 x out x step                       (this request's own decode time on the worker's batch)
