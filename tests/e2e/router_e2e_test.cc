@@ -368,14 +368,21 @@ TEST(RouterE2E, SheddableRequestsAreRefusedWhileTheFleetIsSaturated) {
     }
     return n;
   };
-  // Two long requests on each worker: one running, one waiting behind the cap of one.
+  // Two long requests on each worker: one running, one waiting behind the cap of one. Each is sent once the
+  // one before is counted, so least_request sees the load of every earlier one.
   std::vector<std::thread> long_ones;
+  auto total = [&] {
+    std::int64_t sum = 0;
+    for (auto n : in_flight()) sum += n;
+    return sum;
+  };
   for (int i = 0; i < 4; ++i) {
     long_ones.emplace_back([&, i] {
       auto r = http(fleet.api(), "POST", "/v1/completions",
                     R"({"model":"qwen3-8b","prompt":"long )" + std::to_string(i) + R"(","max_tokens":400})");
       EXPECT_EQ(r.status, 200) << r.body;
     });
+    for (int wait = 0; wait < 200 && total() < i + 1; ++wait) std::this_thread::sleep_for(5ms);
   }
   for (int i = 0; i < 200 && in_flight() != std::vector<std::int64_t>{2, 2}; ++i) std::this_thread::sleep_for(10ms);
   if (in_flight() != std::vector<std::int64_t>{2, 2}) {
