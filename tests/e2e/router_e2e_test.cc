@@ -358,8 +358,11 @@ TEST(RouterE2E, CacheEfficiencyIsMeasuredPerPoolOfWorkersOfAModel) {
 // sheddable (the priority header, or OpenAI's "flex" service tier) gets 429 with Retry-After and never reaches
 // a worker; other requests are still served, and sheddable ones are again once a worker has room.
 TEST(RouterE2E, SheddableRequestsAreRefusedWhileTheFleetIsSaturated) {
-  Fleet fleet(2, {"--policy", "least_request", "--worker-max-seqs", "1", "--shed-queue-depth", "1"}, /*speed=*/1,
-              {"--max-num-seqs", "1"});
+  const std::string dir = source_dir() + "/tests/e2e";
+  ASSERT_EQ(std::system(("test -d " + dir + "/node_modules/openai").c_str()), 0)
+      << "run `npm ci` in tests/e2e first (.ci/run does)";
+  Fleet fleet(2, {"--policy", "least_request", "--worker-max-seqs", "1", "--shed-queue-depth", "1", "--metrics-interval", "0.2"},
+              /*speed=*/1, {"--max-num-seqs", "1"});
   auto in_flight = [&] {
     std::vector<std::int64_t> n;
     const json::value listed = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
@@ -403,15 +406,30 @@ TEST(RouterE2E, SheddableRequestsAreRefusedWhileTheFleetIsSaturated) {
   EXPECT_EQ(in_flight(), (std::vector<std::int64_t>{2, 2}));  // neither reached a worker
   EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_errors_total{kind=\"fleet_saturated\"}"), 2);
 
+  // The official openai client: a RateLimitError without retries; with them (Retry-After honored) served once
+  // the long requests leave room.
+  int node_rc = -1;
+  std::thread client([&] {
+    node_rc = std::system(("node " + dir + "/openai_flex.mjs http://127.0.0.1:" + std::to_string(fleet.api()) + "/v1 > " +
+                           testing::TempDir() + "/openai-flex.log 2>&1")
+                              .c_str());
+  });
+
   // Not sheddable: queued on a worker and served.
   auto normal = http(fleet.api(), "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"hi","max_tokens":2})",
                      {{"x-kvroute-priority", "critical"}});
   EXPECT_EQ(normal.status, 200) << normal.body;
   for (auto& t : long_ones) t.join();
-  EXPECT_EQ(served_requests(fleet.worker_port(0)) + served_requests(fleet.worker_port(1)), served_before + 5);
+  client.join();
+  EXPECT_EQ(node_rc, 0) << "see " << testing::TempDir() << "/openai-flex.log";
+  EXPECT_EQ(served_requests(fleet.worker_port(0)) + served_requests(fleet.worker_port(1)), served_before + 6);
 
-  // Room again.
-  auto later = http(fleet.api(), "POST", "/v1/chat/completions", json::serialize(flex));
+  // Room again, once the workers' next metrics show their queues empty.
+  HttpResponse later;
+  for (int i = 0; i < 30 && later.status != 200; ++i) {
+    if (i > 0) std::this_thread::sleep_for(100ms);
+    later = http(fleet.api(), "POST", "/v1/chat/completions", json::serialize(flex));
+  }
   EXPECT_EQ(later.status, 200) << later.body;
 }
 
