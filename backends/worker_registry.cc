@@ -176,6 +176,14 @@ std::shared_ptr<Worker> WorkerRegistry::find_by_url(std::string_view url) const 
   return nullptr;
 }
 
+std::shared_ptr<Worker> WorkerRegistry::find_by_name(std::string_view name_or_id) const {
+  auto snap = snapshot();
+  for (const auto& w : *snap) {
+    if (w->name() == name_or_id || std::to_string(w->id()) == name_or_id) return w;
+  }
+  return nullptr;
+}
+
 void WorkerRegistry::fill_views(const WorkerList& workers, std::vector<policy::WorkerView>& out) {
   out.clear();
   out.reserve(workers.size());

@@ -146,6 +146,8 @@ class WorkerRegistry {
   std::shared_ptr<const WorkerList> snapshot() const;
   std::shared_ptr<Worker> find(WorkerId id) const;
   std::shared_ptr<Worker> find_by_url(std::string_view url) const;
+  // By display name, or by id written in decimal (the admin API's NAME); null when no worker matches.
+  std::shared_ptr<Worker> find_by_name(std::string_view name_or_id) const;
 
   // Views of every worker in the snapshot, in snapshot order.
   static void fill_views(const WorkerList& workers, std::vector<policy::WorkerView>& out);

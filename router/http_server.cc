@@ -1336,59 +1336,53 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       // The blocks the router believes a worker holds, in kvroute's own hash space (docs/hashing.md), as
       // decimal strings of the unsigned 64-bit hashes (JSON numbers lose precision above 2^53).
       const std::string name(path.substr(15, path.size() - 15 - 7));
-      const auto workers = svc_.registry.snapshot();
-      for (const auto& w : *workers) {
-        if (w->name() != name && std::to_string(w->id()) != name) continue;
-        json::array gpu, cpu, predicted;
-        for (const auto& [h, tier] : svc_.router.index().worker_entries(w->id())) {
-          auto& arr = tier == hashing::Tier::kGpu ? gpu : tier == hashing::Tier::kCpu ? cpu : predicted;
-          arr.emplace_back(std::to_string(h));
-        }
-        json::object out;
-        out["worker"] = w->name();
-        out["mode"] = w->precise() ? "precise" : "approximate";
-        out["gpu"] = std::move(gpu);
-        out["cpu"] = std::move(cpu);
-        out["predicted"] = std::move(predicted);
-        return send_json(200, json::serialize(out));
+      const auto w = svc_.registry.find_by_name(name);
+      if (!w) return send_error(no_worker_named(name));
+      json::array gpu, cpu, predicted;
+      for (const auto& [h, tier] : svc_.router.index().worker_entries(w->id())) {
+        auto& arr = tier == hashing::Tier::kGpu ? gpu : tier == hashing::Tier::kCpu ? cpu : predicted;
+        arr.emplace_back(std::to_string(h));
       }
-      return send_error(make_error("no worker named '" + name + "'", 404, "invalid_request_error", "not_found"));
+      json::object out;
+      out["worker"] = w->name();
+      out["mode"] = w->precise() ? "precise" : "approximate";
+      out["gpu"] = std::move(gpu);
+      out["cpu"] = std::move(cpu);
+      out["predicted"] = std::move(predicted);
+      return send_json(200, json::serialize(out));
     }
     if (path.starts_with("/admin/workers/") && req_.method() == http::verb::post &&
         (path.ends_with("/cordon") || path.ends_with("/uncordon"))) {
       // Takes a worker out of rotation for new requests, or puts it back; requests in flight are not touched.
       const bool cordon = path.ends_with("/cordon");
       const std::string name(path.substr(15, path.size() - 15 - (cordon ? 7 : 9)));
-      const auto workers = svc_.registry.snapshot();
-      for (const auto& w : *workers) {
-        if (w->name() != name && std::to_string(w->id()) != name) continue;
-        w->set_cordoned(cordon);
-        if (auto s = svc_.metrics.worker(w->id())) s->cordoned->Set(cordon ? 1 : 0);
-        LOG_INFO("worker " << w->name() << (cordon ? " cordoned" : " uncordoned") << " through the admin API ("
-                           << w->in_flight() << " requests in flight)");
-        return send_json(200, std::string("{\"worker\":") + json::serialize(json::value(w->name())) +
-                                  ",\"cordoned\":" + (cordon ? "true" : "false") +
-                                  ",\"in_flight\":" + std::to_string(w->in_flight()) + "}");
-      }
-      return send_error(make_error("no worker named '" + name + "'", 404, "invalid_request_error", "not_found"));
+      const auto w = svc_.registry.find_by_name(name);
+      if (!w) return send_error(no_worker_named(name));
+      w->set_cordoned(cordon);
+      if (auto s = svc_.metrics.worker(w->id())) s->cordoned->Set(cordon ? 1 : 0);
+      LOG_INFO("worker " << w->name() << (cordon ? " cordoned" : " uncordoned") << " through the admin API ("
+                         << w->in_flight() << " requests in flight)");
+      return send_json(200, std::string("{\"worker\":") + json::serialize(json::value(w->name())) +
+                                ",\"cordoned\":" + (cordon ? "true" : "false") +
+                                ",\"in_flight\":" + std::to_string(w->in_flight()) + "}");
     }
     if (path.starts_with("/admin/workers/") && req_.method() == http::verb::delete_) {
-      std::string name(path.substr(15));
-      const auto workers = svc_.registry.snapshot();
-      for (const auto& w : *workers) {
-        if (w->name() == name || std::to_string(w->id()) == name) {
-          svc_.registry.remove(w->id());  // the app's listener drops its pooled connections on every thread
-          LOG_INFO("worker " << w->name() << " removed through the admin API");
-          return send_json(200, R"({"removed":true})");
-        }
-      }
-      return send_error(make_error("no worker named '" + name + "'", 404, "invalid_request_error", "not_found"));
+      const std::string name(path.substr(15));
+      const auto w = svc_.registry.find_by_name(name);
+      if (!w) return send_error(no_worker_named(name));
+      svc_.registry.remove(w->id());  // the app's listener drops its pooled connections on every thread
+      LOG_INFO("worker " << w->name() << " removed through the admin API");
+      return send_json(200, R"({"removed":true})");
     }
     send_error(make_error("no route for " + std::string(req_.method_string()) + " " + std::string(path), 404,
                           "invalid_request_error", "unknown_route"));
   }
 
   // ---- responses ----
+  static Error no_worker_named(const std::string& name) {
+    return make_error("no worker named '" + name + "'", 404, "invalid_request_error", "not_found");
+  }
+
   void method_not_allowed(const char* allowed) {
     send_error(make_error("method " + std::string(req_.method_string()) + " is not allowed here (use " + allowed + ")",
                           405, "invalid_request_error", "method_not_allowed"));

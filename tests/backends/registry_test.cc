@@ -43,6 +43,20 @@ TEST(WorkerRegistry, AddRemoveNotifiesAndReusesIds) {
   EXPECT_EQ(events, (std::vector<std::string>{"+a:1", "+b:1", "-a:1", "+c:1"}));
 }
 
+// The admin API names a worker by its display name or its id.
+TEST(WorkerRegistry, FindsAWorkerByNameOrId) {
+  WorkerRegistry reg;
+  ASSERT_TRUE(reg.add(*parse_worker_url("http://a:1")));
+  auto b = reg.add(*parse_worker_url("http://b:2"));
+  ASSERT_TRUE(b);
+  ASSERT_NE(reg.find_by_name("b:2"), nullptr);
+  EXPECT_EQ(reg.find_by_name("b:2")->id(), *b);
+  ASSERT_NE(reg.find_by_name(std::to_string(*b)), nullptr);
+  EXPECT_EQ(reg.find_by_name(std::to_string(*b))->name(), "b:2");
+  EXPECT_EQ(reg.find_by_name("c:3"), nullptr);
+  EXPECT_EQ(reg.find_by_name("http://b:2"), nullptr);  // a URL is not a name
+}
+
 TEST(Worker, LoadAccountingBalances) {
   Worker w(0, *parse_worker_url("http://a:1"));
   w.begin(100);
