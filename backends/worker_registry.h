@@ -81,6 +81,8 @@ class Worker {
   // learned about it (index, rates, sessions elsewhere) is kept. Independent of health.
   bool cordoned() const { return cordoned_.load(std::memory_order_relaxed); }
   void set_cordoned(bool c) { cordoned_.store(c, std::memory_order_relaxed); }
+  // Healthy and not cordoned: it may be given a new request.
+  bool routable() const { return healthy() && !cordoned(); }
 
   // Precise mode: the worker's KV event stream is live, so the index holds what it reports and the router
   // records no predictions for it. Approximate mode otherwise.

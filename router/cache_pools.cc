@@ -101,7 +101,7 @@ std::optional<CachePools::Access> CachePools::access(const backends::WorkerList&
     a.pool = pool_of_[picked];
     bool known = true;
     for (std::size_t i = 0; i < workers.size(); ++i) {
-      if (pool_of_[i] != a.pool || !workers[i]->healthy() || workers[i]->cordoned()) continue;
+      if (pool_of_[i] != a.pool || !workers[i]->routable()) continue;
       const hashing::WorkerId id = workers[i]->id();
       const std::uint64_t c = id < capacity.size() ? capacity[id] : 0;
       known = known && c > 0;

@@ -252,7 +252,7 @@ std::shared_ptr<backends::Worker> Router::any_healthy(std::string_view model) co
   std::shared_ptr<backends::Worker> best, best_serving;
   const auto workers = registry_.snapshot();
   for (const auto& w : *workers) {
-    if (!w->healthy() || w->cordoned()) continue;
+    if (!w->routable()) continue;
     if (!best || w->in_flight() < best->in_flight()) best = w;
     if (!model.empty() && w->serves(model) && (!best_serving || w->in_flight() < best_serving->in_flight())) {
       best_serving = w;
