@@ -1389,19 +1389,19 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   void send_error(const Error& e) {
-    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(e.status), 11);
-    res->set(http::field::content_type, "application/json");
+    auto res = json_response(e.status, error_json(e));
     // A sheddable request refused while the fleet is saturated: it can come back in a moment.
     if (e.status == 429) res->set(http::field::retry_after, "1");
-    res->body() = error_json(e);
     write_response(res);
   }
 
-  void send_json(unsigned status, std::string body) {
+  void send_json(unsigned status, std::string body) { write_response(json_response(status, std::move(body))); }
+
+  static std::shared_ptr<http::response<http::string_body>> json_response(unsigned status, std::string body) {
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), 11);
     res->set(http::field::content_type, "application/json");
     res->body() = std::move(body);
-    write_response(res);
+    return res;
   }
 
   void write_response(std::shared_ptr<http::response<http::string_body>> res) {
