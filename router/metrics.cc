@@ -9,6 +9,14 @@ const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {0.005, 0.01, 0.
                                                                  1,     2.5,  5,     10,   30,  60,  120};
 const prometheus::Histogram::BucketBoundaries kDecisionBuckets = {2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4,
                                                                   2e-4, 5e-4, 1e-3, 5e-3, 1e-2};
+
+// A series without labels, registered under its own name.
+prometheus::Gauge* gauge(prometheus::Registry& r, const std::string& name, const std::string& help) {
+  return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+prometheus::Counter* counter(prometheus::Registry& r, const std::string& name, const std::string& help) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
 }  // namespace
 
 RouterMetrics::RouterMetrics()
@@ -30,24 +38,12 @@ RouterMetrics::RouterMetrics()
   tokenize_seconds_ = &prometheus::BuildHistogram().Name("kvroute_tokenize_seconds").Help("Latency /tokenize added to routing (cache misses)").Register(*registry_).Add({}, kDecisionBuckets);
   decision_ = &prometheus::BuildHistogram().Name("kvroute_routing_decision_seconds").Help("Time to parse, hash, match and pick").Register(*registry_).Add({}, kDecisionBuckets);
   duration_ = &prometheus::BuildHistogram().Name("kvroute_request_duration_seconds").Help("End-to-end request duration").Register(*registry_).Add({}, kLatencyBuckets);
-  index_entries_ = &prometheus::BuildGauge().Name("kvroute_index_entries").Help("(block, worker) entries in the prefix index").Register(*registry_).Add({});
-  index_bytes_ = &prometheus::BuildGauge().Name("kvroute_index_bytes").Help("Memory held by the prefix index").Register(*registry_).Add({});
-  sessions_ = &prometheus::BuildGauge().Name("kvroute_sessions").Help("Session bindings held").Register(*registry_).Add({});
-  sessions_evicted_ = &prometheus::BuildCounter()
-                           .Name("kvroute_sessions_evicted_total")
-                           .Help("Session bindings forgotten before their TTL because --max-sessions were held")
-                           .Register(*registry_)
-                           .Add({});
-  held_body_bytes_ = &prometheus::BuildGauge()
-                          .Name("kvroute_held_body_bytes")
-                          .Help("Request body bytes held now, counted against --max-held-body-bytes")
-                          .Register(*registry_)
-                          .Add({});
-  body_budget_waits_ = &prometheus::BuildCounter()
-                            .Name("kvroute_body_budget_waits_total")
-                            .Help("Requests whose body waited, unread, because --max-held-body-bytes of bodies were held")
-                            .Register(*registry_)
-                            .Add({});
+  index_entries_ = gauge(*registry_, "kvroute_index_entries", "(block, worker) entries in the prefix index");
+  index_bytes_ = gauge(*registry_, "kvroute_index_bytes", "Memory held by the prefix index");
+  sessions_ = gauge(*registry_, "kvroute_sessions", "Session bindings held");
+  sessions_evicted_ = counter(*registry_, "kvroute_sessions_evicted_total", "Session bindings forgotten before their TTL because --max-sessions were held");
+  held_body_bytes_ = gauge(*registry_, "kvroute_held_body_bytes", "Request body bytes held now, counted against --max-held-body-bytes");
+  body_budget_waits_ = counter(*registry_, "kvroute_body_budget_waits_total", "Requests whose body waited, unread, because --max-held-body-bytes of bodies were held");
   auto& fleet_hits = prometheus::BuildCounter()
                          .Name("kvroute_fleet_cache_hit_tokens_total")
                          .Help("Cached prompt tokens of the requests whose usage was reported: as their workers reported them "
@@ -56,21 +52,9 @@ RouterMetrics::RouterMetrics()
                          .Register(*registry_);
   fleet_hits_workers_ = &fleet_hits.Add({{"cache", "workers"}});
   fleet_hits_shared_ = &fleet_hits.Add({{"cache", "shared"}});
-  shared_capacity_ = &prometheus::BuildGauge()
-                          .Name("kvroute_shared_cache_capacity_blocks")
-                          .Help("KV capacity of the healthy workers, in blocks: the size of the shared caches (one per pool of workers serving the same models) the fleet is measured against")
-                          .Register(*registry_)
-                          .Add({});
-  shared_sample_rate_ = &prometheus::BuildGauge()
-                             .Name("kvroute_shared_cache_sample_rate")
-                             .Help("Share of blocks the sparsest shared cache keeps (1 = exact; less on pools too large to model exactly)")
-                             .Register(*registry_)
-                             .Add({});
-  background_held_ = &prometheus::BuildGauge()
-                          .Name("kvroute_background_responses_held")
-                          .Help("Background responses (Responses API) queued on a worker and counted as its load until they end")
-                          .Register(*registry_)
-                          .Add({});
+  shared_capacity_ = gauge(*registry_, "kvroute_shared_cache_capacity_blocks", "KV capacity of the healthy workers, in blocks: the size of the shared caches (one per pool of workers serving the same models) the fleet is measured against");
+  shared_sample_rate_ = gauge(*registry_, "kvroute_shared_cache_sample_rate", "Share of blocks the sparsest shared cache keeps (1 = exact; less on pools too large to model exactly)");
+  background_held_ = gauge(*registry_, "kvroute_background_responses_held", "Background responses (Responses API) queued on a worker and counted as its load until they end");
   auto& lookups = prometheus::BuildCounter()
                       .Name("kvroute_response_lookups_total")
                       .Help("Responses API ids this router had not seen made, looked up on the workers, by result")
