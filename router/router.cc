@@ -184,8 +184,9 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   metrics_.decision_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
   // What one cache holding the whole KV capacity of the chosen worker's pool (the workers that can hold the
-  // same blocks) would have served; measured only while every healthy worker of the pool has a known capacity
-  // (reported, or --worker-kv-blocks), so the comparison is never against a cache smaller than the pool's.
+  // same blocks) would have served; measured only while every routable worker of the pool has a known
+  // capacity (reported, or --worker-kv-blocks), so the comparison is never against a cache smaller than the
+  // pool's.
   if (auto shared = cache_pools_.access(*workers, pick->worker, capacity, request.chain.hashes)) {
     if (shared->resized) metrics_.set_shared_cache(cache_pools_.capacity_blocks(), cache_pools_.sample_rate());
     d.shared_cached_tokens = servable_tokens(request, shared->blocks);
