@@ -10,12 +10,12 @@
 #include <iostream>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "bench/bounds.h"
 #include "bench/generators.h"
 #include "bench/mooncake.h"
+#include "util/split.h"
 
 namespace kvroute::bench {
 
@@ -37,12 +37,11 @@ Result<std::uint64_t> parse_count(const std::string& flag, const std::string& v)
 
 namespace {
 
-std::vector<std::string> split(const std::string& s, char sep) {
+// The non-empty items of a comma list ("a,,b," names two).
+std::vector<std::string> list_items(const std::string& s) {
   std::vector<std::string> out;
-  std::string cur;
-  std::istringstream in(s);
-  while (std::getline(in, cur, sep))
-    if (!cur.empty()) out.push_back(cur);
+  for (std::string_view item : split(s, ','))
+    if (!item.empty()) out.emplace_back(item);
   return out;
 }
 
@@ -106,7 +105,7 @@ Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
     else if (a == "--workload") c.workload = v;
     else if (a == "--model") c.sim.model = v;
     else if (a == "--gpu") c.sim.gpu = v;
-    else if (a == "--policies") c.policies = split(v, ',');
+    else if (a == "--policies") c.policies = list_items(v);
     else if (a == "--json") c.json_path = v;
     else if (a == "--plots") c.plots_dir = v;
     else if (a == "--dump-requests") c.sim.dump_dir = v;
@@ -120,7 +119,7 @@ Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
       if (!m) return m.error();
       c.mode = *m;
     } else if (a == "--sweep") {
-      for (const auto& s : split(v, ',')) {
+      for (const auto& s : list_items(v)) {
         auto d = parse_double("--sweep", s, 1e-9);
         if (!d) return d.error();
         c.sweep.push_back(*d);

@@ -10,6 +10,7 @@
 
 #include "backends/worker_registry.h"
 #include "policy/routing_policy.h"
+#include "util/split.h"
 
 namespace kvroute::router {
 
@@ -64,14 +65,8 @@ std::optional<std::string> check_host_port(const std::string& v) {
 
 // "HEAD,KEY=VALUE,...": the items between commas (HEAD first).
 std::vector<std::string> split_commas(const std::string& v) {
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  while (true) {
-    const auto comma = v.find(',', start);
-    parts.push_back(v.substr(start, comma - start));
-    if (comma == std::string::npos) return parts;
-    start = comma + 1;
-  }
+  const std::vector<std::string_view> items = split(v, ',');
+  return {items.begin(), items.end()};
 }
 
 // Hands each KEY=VALUE item after the head to `attribute`; the first error (its own, or an item that is not

@@ -53,6 +53,9 @@ TEST(ParseArgs, Errors) {
   ASSERT_TRUE(ok) << ok.error().message;
   EXPECT_EQ(ok->sim.workers, 3u);
   EXPECT_EQ(ok->sweep.size(), 3u);
+  auto items = parse_simulate_args({"--workload", "multi_turn", "--policies", "round_robin,,kv_cost,"});
+  ASSERT_TRUE(items) << items.error().message;  // empty items of a list are skipped
+  EXPECT_EQ(items->policies, (std::vector<std::string>{"round_robin", "kv_cost"}));
   EXPECT_EQ(ok->sim.prefix_commit, sim::PrefixCommit::kStepEnd);
   auto commit = parse_simulate_args({"--workload", "multi_turn", "--prefix-commit", "schedule"});
   ASSERT_TRUE(commit) << commit.error().message;

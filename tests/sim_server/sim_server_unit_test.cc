@@ -472,5 +472,18 @@ TEST(SimOptions, ParsesFlags) {
   EXPECT_FALSE(parse_sim_options({"positional"}));
 }
 
+TEST(SimOptions, LoraModulesAreNamePathPairs) {
+  auto o = parse_sim_options({"--lora-modules", "sql=/adapters/sql,chat=/a/chat"});
+  ASSERT_TRUE(o) << o.error().message;
+  ASSERT_EQ(o->lora_modules.size(), 2u);
+  EXPECT_EQ(o->lora_modules[0], std::make_pair(std::string("sql"), std::string("/adapters/sql")));
+  EXPECT_EQ(o->lora_modules[1], std::make_pair(std::string("chat"), std::string("/a/chat")));
+  for (const char* bad : {"sql", "=/p", "sql=", "sql=/p,,chat=/c", "sql=/p,"}) {
+    auto e = parse_sim_options({"--lora-modules", bad});
+    ASSERT_FALSE(e) << bad;
+    EXPECT_NE(e.error().message.find("is not NAME=PATH"), std::string::npos) << e.error().message;
+  }
+}
+
 }  // namespace
 }  // namespace kvroute::sim

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backends/events/native_events.h"
+#include "util/split.h"
 
 namespace kvroute::sim {
 
@@ -132,10 +133,7 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
     } else if (flag == "--served-model-name") {
       o.served_model_name = std::string(value);
     } else if (flag == "--lora-modules") {
-      std::string_view rest = value;
-      while (!rest.empty()) {
-        const std::string_view item = rest.substr(0, rest.find(','));
-        rest = item.size() < rest.size() ? rest.substr(item.size() + 1) : std::string_view();
+      for (const std::string_view item : split(value, ',')) {
         const auto eq = item.find('=');
         if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size()) {
           return make_error("--lora-modules: '" + std::string(item) + "' is not NAME=PATH");
