@@ -30,6 +30,7 @@
 #include "net/resource_errors.h"
 #include "router/log.h"
 #include "router/usage.h"
+#include "util/split.h"
 
 namespace kvroute::router {
 
@@ -1091,10 +1092,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   Result<std::set<hashing::WorkerId>> chosen_workers(std::string_view list) const {
     std::set<hashing::WorkerId> out;
     const auto workers = svc_.registry.snapshot();
-    while (!list.empty()) {
-      const std::size_t comma = list.find(',');
-      std::string_view name = list.substr(0, comma);
-      list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+    for (std::string_view name : split(list, ',')) {
       while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
       while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
       if (name.empty()) continue;
