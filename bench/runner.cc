@@ -82,6 +82,8 @@ std::string simulate_usage() {
          "  --kv-alpha X, --kv-beta X  kv_cost weights of eviction and of the delay added to running requests\n"
          "  --session-margin S      keep a session's worker unless its estimate is S seconds worse than the best\n"
          "                          (default 0.25)\n"
+         "  --prefix-hold S         kv_cost (precise mode) holds a request whose prefix an earlier one is still\n"
+         "                          computing on its worker for at most S seconds, as the daemon (default 0.4; 0: never)\n"
          "  --threads N             policies simulated in parallel (default 2)\n"
          "  --json FILE             write results as JSON\n"
          "  --plots DIR             write SVG plots (TTFT CDF; with --sweep, hit rate and p99 TTFT vs load)\n"
@@ -139,7 +141,7 @@ Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
       }
       if (a == "--rate-scale") d = parse_double(a, v, 1e-9);
       else if (a == "--metrics-interval" || a == "--event-delay" || a == "--session-ttl" || a == "--cpu-tier-gb" ||
-               a == "--kv-alpha" || a == "--kv-beta" || a == "--session-margin" || a == "--knee" ||
+               a == "--kv-alpha" || a == "--kv-beta" || a == "--session-margin" || a == "--prefix-hold" || a == "--knee" ||
                a == "--knee-unloaded")
         d = parse_double(a, v, 0);
       else return make_error("unknown option '" + a + "' (see --help)");
@@ -153,6 +155,7 @@ Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
       else if (a == "--knee-unloaded") c.knee_unloaded_scale = std::max(*d, 1e-6);
       else if (a == "--kv-beta") c.sim.policy.beta = *d;
       else if (a == "--session-margin") c.sim.policy.session_margin_s = *d;
+      else if (a == "--prefix-hold") c.sim.prefix_hold_s = *d;
       else c.sim.cpu_tier_gb = *d;
     }
   }

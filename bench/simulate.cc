@@ -7,9 +7,11 @@
 #include <deque>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <unordered_map>
 
 #include "backends/sim/engine.h"
+#include "hashing/computing_prefixes.h"
 #include "hashing/prefix_index.h"
 #include "policy/rate_learner.h"
 
@@ -187,6 +189,8 @@ class FleetSim {
     max_running_ = cfg.max_num_seqs;
     flights_.resize(w.requests.size());
     uses_match_ = policy_.uses_prefix_match() && run_.mode != IndexMode::kNone;
+    holds_ = uses_match_ && run_.mode == IndexMode::kPrecise && policy_.waits_for_computing_prefix() &&
+             o_.prefix_hold_s > 0;
   }
 
   PolicyResult run(std::atomic<std::size_t>* progress) {
@@ -214,7 +218,11 @@ class FleetSim {
       if (progress) progress->fetch_add(1, std::memory_order_relaxed);
     }
     for (std::size_t e = 0; e < n_; ++e) {
-      while (engines_[e].next_event_time() < sim::kInfinity) engines_[e].advance(engines_[e].next_event_time(), sinks_[e]);
+      while (engines_[e].next_event_time() < sim::kInfinity || !workers_[e].held.empty()) {
+        double t = engines_[e].next_event_time();
+        for (const auto& h : workers_[e].held) t = std::min(t, h.release_at);
+        advance_engine(e, t);
+      }
     }
     PolicyResult res = summarize();
     if (!o_.dump_dir.empty()) dump();
@@ -244,6 +252,14 @@ class FleetSim {
     // Media holding each block, kept only with a CPU tier (the index has one tier per entry).
     std::unique_ptr<std::unordered_map<std::uint64_t, std::uint8_t>> media;
     std::uint64_t routed = 0;
+    // Requests held until the prefix an earlier request is computing here lands (hashing/computing_prefixes.h).
+    struct Held {
+      std::uint64_t id;
+      double release_at;  // the hold's end, brought forward when the prefix lands
+      std::uint64_t block;  // the last block of its prefix
+      hashing::ComputingPrefixes::Token leader;
+    };
+    std::vector<Held> held;
   };
 
   struct Flight {
@@ -261,6 +277,8 @@ class FleetSim {
     std::uint64_t decode_context = 0;
     std::uint64_t predicted_uncached = 0;
     std::uint32_t cached = 0;
+    hashing::ComputingPrefixes::Token computing = 0;  // the blocks it computes, until its first token
+    std::unique_ptr<sim::SimRequest> held;            // while held: the request, sent when released
   };
 
   class Sink final : public sim::EngineSink {
@@ -288,8 +306,35 @@ class FleetSim {
   };
 
   void advance_all(double t) {
-    for (std::size_t e = 0; e < n_; ++e) {
-      if (engines_[e].next_event_time() <= t) engines_[e].advance(t, sinks_[e]);
+    for (std::size_t e = 0; e < n_; ++e) advance_engine(e, t);
+  }
+
+  // Runs engine e up to t. With requests held for it, step by step, so that each is submitted at the moment
+  // it is released (its prefix landed, or its hold ran out).
+  void advance_engine(std::size_t e, double t) {
+    WorkerState& ws = workers_[e];
+    while (true) {
+      if (ws.held.empty()) {
+        if (engines_[e].next_event_time() <= t) engines_[e].advance(t, sinks_[e]);
+        return;
+      }
+      double release = sim::kInfinity;
+      for (const auto& h : ws.held) release = std::min(release, h.release_at);
+      const double next = engines_[e].next_event_time();
+      const double te = std::min(next, release);
+      if (te > t) return;
+      if (next <= te) engines_[e].advance(te, sinks_[e]);
+      for (std::size_t i = 0; i < ws.held.size();) {
+        if (ws.held[i].release_at > te) {
+          ++i;
+          continue;
+        }
+        Flight& f = flights_[ws.held[i].id];
+        if (!engines_[e].submit(std::move(*f.held), te)) unsubmit(static_cast<WorkerId>(e), f);
+        f.held.reset();
+        ws.held[i] = ws.held.back();
+        ws.held.pop_back();
+      }
     }
   }
 
@@ -308,6 +353,10 @@ class FleetSim {
     f.first_token = t;
     f.cached = cached;
     ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
+    computing_.end(w, f.computing);
+    // Requests held for this one's prefix go now (the router sees its first byte).
+    for (auto& h : ws.held)
+      if (h.leader == f.computing) h.release_at = std::min(h.release_at, t);
     ws.active_decode += w_.requests[id].prompt_tokens;
     f.decode_context = ws.active_decode;
   }
@@ -334,6 +383,13 @@ class FleetSim {
   void kv_event(WorkerId w, Delivery::Kind kind, sim::Medium m, std::span<const std::uint64_t> h, double t) {
     if (run_.mode != IndexMode::kPrecise) return;
     WorkerState& ws = workers_[w];
+    if (kind == Delivery::kStored && m == sim::Medium::kGpu && !ws.held.empty()) {
+      // A held request also goes once the worker's event says its prefix's last block is stored, when that
+      // event reaches the router (engines that make blocks hits when they schedule them say so at once).
+      for (auto& hd : ws.held)
+        if (std::find(h.begin(), h.end(), hd.block) != h.end())
+          hd.release_at = std::min(hd.release_at, t + std::max(o_.event_delay_s, 0.0));
+    }
     if (o_.event_delay_s <= 0) {
       apply(w, kind, m, h);
       return;
@@ -473,15 +529,35 @@ class FleetSim {
     req.block_hashes.insert(req.block_hashes.end(), r.output_blocks.begin(), r.output_blocks.end());
     req.prompt_tokens = r.prompt_tokens;
     req.max_tokens = r.output_tokens;
-    auto accepted = engines_[wi].submit(std::move(req), t);
-    if (!accepted) {
+    // kv_cost's prefix hold, as the daemon does it (router/router.h, Router::route): in precise mode, a request
+    // without a session whose matched prefix ends in a block an earlier request is still computing on the
+    // chosen worker waits for that request's first token, the block's KV event, or --prefix-hold seconds.
+    std::optional<hashing::ComputingPrefixes::Token> leader;
+    const std::uint32_t mb = holds_ ? ctx.matched_blocks(wi) : 0;
+    if (mb > 0 && r.session == 0) leader = computing_.computing(w, mb - 1, r.chain.hashes[mb - 1]);
+    if (holds_) f.computing = computing_.begin(w, r.chain.hashes, mb);
+    if (leader) {
+      f.held = std::make_unique<sim::SimRequest>(std::move(req));
+      ws.held.push_back({r.id, t + o_.prefix_hold_s, r.chain.hashes[mb - 1], *leader});
+    } else if (!engines_[wi].submit(std::move(req), t)) {
       ++rejected_;
+      computing_.end(w, f.computing);
       return;
     }
     f.submitted = true;
     ws.in_flight += 1;
     ws.pending_prefill += f.predicted_uncached;
     ws.routed += 1;
+  }
+
+  // A held request the engine refused when it was released: undoes what routing it counted.
+  void unsubmit(WorkerId w, Flight& f) {
+    WorkerState& ws = workers_[w];
+    ++rejected_;
+    f.submitted = false;
+    ws.in_flight -= 1;
+    ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
+    computing_.end(w, f.computing);
   }
 
   void dump() const {
@@ -546,6 +622,7 @@ class FleetSim {
   std::vector<Flight> flights_;
   hashing::PrefixIndex index_;
   hashing::PrefixIndex::Match match_;
+  hashing::ComputingPrefixes computing_;
   policy::RateLearner learner_;
   std::unordered_map<std::uint64_t, std::pair<std::size_t, double>> sessions_;  // session -> (worker, last use)
   std::vector<float> decision_us_;
@@ -553,6 +630,7 @@ class FleetSim {
   std::uint32_t max_running_ = 256;
   bool cpu_tier_ = false;
   bool uses_match_ = false;
+  bool holds_ = false;  // kv_cost in precise mode: prefix holds
   std::size_t rejected_ = 0;
   double first_arrival_ = 0;
   double last_arrival_ = 0;           // arrival time of the last request (scaled)

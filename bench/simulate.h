@@ -59,6 +59,7 @@ struct SimOptions {
   double metrics_interval_s = 0.5;  // how often worker metrics are polled (0 = always fresh)
   double event_delay_s = 0.05;      // how late KV events reach the index (precise mode)
   double session_ttl_s = 600;       // idle time after which a session binding is dropped
+  double prefix_hold_s = 0.4;       // kv_cost's prefix hold at most (the daemon's --prefix-hold); 0: none
   policy::PolicyOptions policy;
   // Debug: when set, every run writes DIR/<label>@<rate_scale>.csv, one line per request (arrival, prompt and
   // output tokens, worker, predicted and reported cached tokens, the pick's TTFT estimate, the worker's

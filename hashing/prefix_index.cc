@@ -379,6 +379,13 @@ std::size_t PrefixIndex::drop_tier(WorkerId worker, Tier tier) {
   return dropped;
 }
 
+std::optional<Tier> PrefixIndex::tier(WorkerId worker, BlockHash block) const {
+  std::shared_lock lock(mu_);
+  const std::uint32_t e = find_entry(worker, block);
+  if (e == kNil) return std::nullopt;
+  return entries_[e].tier;
+}
+
 bool PrefixIndex::holds(WorkerId worker, BlockHash block) const {
   std::shared_lock lock(mu_);
   return find_entry(worker, block) != kNil;

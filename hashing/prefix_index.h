@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <shared_mutex>
 #include <span>
 #include <vector>
@@ -95,6 +96,8 @@ class PrefixIndex {
   // The worker's entries with their tiers, most recently used first.
   std::vector<std::pair<BlockHash, Tier>> worker_entries(WorkerId worker) const;
   bool holds(WorkerId worker, BlockHash block) const;
+  // The tier of the worker's entry for the block; nullopt when it has none.
+  std::optional<Tier> tier(WorkerId worker, BlockHash block) const;
 
   std::size_t entries() const;
   std::size_t distinct_blocks() const;

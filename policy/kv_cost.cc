@@ -94,6 +94,7 @@ class KvCost final : public RoutingPolicy {
   explicit KvCost(const PolicyOptions& o) : o_(o) {}
   std::string_view name() const override { return "kv_cost"; }
   bool uses_prefix_match() const override { return true; }
+  bool waits_for_computing_prefix() const override { return true; }
 
   struct Terms {
     double ttft = 0, evict = 0, dup = 0, delay = 0;

@@ -24,6 +24,7 @@ class SessionAffinity final : public RoutingPolicy {
 
   std::string_view name() const override { return inner_->name(); }
   bool uses_prefix_match() const override { return inner_->uses_prefix_match(); }
+  bool waits_for_computing_prefix() const override { return inner_->waits_for_computing_prefix(); }
   double estimate(const RoutingContext& ctx, std::size_t i) const override { return inner_->estimate(ctx, i); }
 
   std::optional<Pick> pick(const RoutingContext& ctx) const override {

@@ -59,6 +59,9 @@ struct Config {
   std::string session_header = "x-session-id";
   double session_ttl_s = 600;
   double session_margin_s = 0.25;  // policy::PolicyOptions explains the default
+  // kv_cost holds a request whose prefix an earlier request is still computing on its worker (precise mode)
+  // for at most this long (hashing/computing_prefixes.h); 0 never holds. 0.4 s: the benchmark's default.
+  double prefix_hold_s = 0.4;
   // Session bindings held at most (about 140 bytes each, plus keys longer than 15 bytes); beyond it the least
   // recently used is forgotten. Clients that send a new session id or `user` with every request would
   // otherwise grow the map for a whole --session-ttl.

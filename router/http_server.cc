@@ -546,8 +546,25 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     note_decision();
     LOG_DEBUG("request " << request_id_ << " -> " << decision_->worker->name() << " ("
               << policy::reason_name(decision_->pick.reason) << ", predicted cached "
-              << decision_->pick.predicted_cached_tokens << "/" << decision_->prompt_tokens << ")");
+              << decision_->pick.predicted_cached_tokens << "/" << decision_->prompt_tokens << ")"
+              << (decision_->hold_leader ? ", held for its prefix" : ""));
+    if (decision_->hold_leader) return wait_for_prefix();
     forward(decision_->worker);
+  }
+
+  // kv_cost's prefix hold (Router::prefix_held): the worker is still computing this request's prefix for an
+  // earlier one. Checked every kPrefixHoldPoll, at most --prefix-hold long, then the request goes.
+  void wait_for_prefix() {
+    if (!svc_.router.prefix_held(*decision_)) {
+      svc_.router.prefix_hold_ended(*decision_);
+      return forward(decision_->worker);
+    }
+    if (!hold_timer_) hold_timer_.emplace(stream_.get_executor());
+    hold_timer_->expires_after(kPrefixHoldPoll);
+    hold_timer_->async_wait([self = shared_from_this(), gen = generation_](beast::error_code ec) {
+      if (ec || gen != self->generation_ || !self->decision_) return;
+      self->wait_for_prefix();
+    });
   }
 
   // ---- proxying ----
@@ -1498,6 +1515,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   std::uint64_t body_reserved_ = 0;  // this request's share of --max-held-body-bytes (grows as its body is read)
   bool budget_waited_ = false;       // counted in kvroute_body_budget_waits_total
   std::optional<asio::steady_timer> budget_timer_;
+  std::optional<asio::steady_timer> hold_timer_;  // a prefix hold's polls
+  static constexpr auto kPrefixHoldPoll = std::chrono::milliseconds(2);
   LazyDeadline<ApiSession> idle_{stream_.get_executor(), &ApiSession::on_idle};  // --client-idle-timeout
   http::request<http::string_body> req_;
   std::string request_id_;

@@ -55,6 +55,8 @@ RouterMetrics::RouterMetrics()
   shared_capacity_ = gauge(*registry_, "kvroute_shared_cache_capacity_blocks", "KV capacity of the healthy workers, in blocks: the size of the shared caches (one per pool of workers serving the same models) the fleet is measured against");
   shared_sample_rate_ = gauge(*registry_, "kvroute_shared_cache_sample_rate", "Share of blocks the sparsest shared cache keeps (1 = exact; less on pools too large to model exactly)");
   background_held_ = gauge(*registry_, "kvroute_background_responses_held", "Background responses (Responses API) queued on a worker and counted as its load until they end");
+  prefix_holds_ = counter(*registry_, "kvroute_prefix_holds_total", "Requests held until the prefix an earlier request was computing on their worker landed, so as not to compute it again (--prefix-hold)");
+  prefix_hold_seconds_ = counter(*registry_, "kvroute_prefix_hold_seconds_total", "Seconds requests spent held for a prefix being computed (--prefix-hold)");
   auto& lookups = prometheus::BuildCounter()
                       .Name("kvroute_response_lookups_total")
                       .Help("Responses API ids this router had not seen made, looked up on the workers, by result")

@@ -77,6 +77,11 @@ class RouterMetrics {
   }
   // Background responses whose load is held on their worker (Router::holds_background).
   void set_background_held(std::size_t n) { background_held_->Set(static_cast<double>(n)); }
+  // A request held for a prefix being computed (kv_cost's prefix hold) went on after `seconds`.
+  void prefix_held(double seconds) {
+    prefix_holds_->Increment();
+    prefix_hold_seconds_->Increment(seconds);
+  }
   // The totals of the two series above: {workers, shared}.
   std::pair<double, double> fleet_cache_hits() const { return {fleet_hits_workers_->Value(), fleet_hits_shared_->Value()}; }
   void set_shared_cache(std::uint64_t capacity_blocks, double sample_rate) {
@@ -120,6 +125,8 @@ class RouterMetrics {
   prometheus::Gauge* shared_capacity_;
   prometheus::Gauge* shared_sample_rate_;
   prometheus::Gauge* background_held_;
+  prometheus::Counter* prefix_holds_;
+  prometheus::Counter* prefix_hold_seconds_;
   prometheus::Family<prometheus::Counter>& tokenize_total_;
   prometheus::Histogram* tokenize_seconds_;
   prometheus::Counter* lookups_found_;

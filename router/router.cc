@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace kvroute::router {
 
@@ -171,6 +172,21 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   if (!d.worker->precise()) {
     index_.record(d.worker->id(), request.chain.hashes);
   } else if (request.chain.unit == hashing::Unit::kToken) {
+    if (config_.prefix_hold_s > 0 && policy_->waits_for_computing_prefix()) {
+      // Its prefix's last block on this worker may be one an earlier request is still computing: hold it
+      // until that lands (prefix_held()). Its own blocks beyond the match are computing until its first byte.
+      const std::uint32_t m = ctx.matched_blocks(pick->worker);
+      const auto id = d.worker->id();
+      if (m > 0 && request.session_key.empty()) {
+        if (auto leader = computing_.computing(id, m - 1, request.chain.hashes[m - 1])) {
+          d.hold_leader = *leader;
+          d.hold_block = request.chain.hashes[m - 1];
+          d.hold_until = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(config_.prefix_hold_s));
+        }
+      }
+      d.computing = computing_.begin(id, request.chain.hashes, m);
+    }
     index_.expect(d.worker->id(), request.chain.hashes);
     d.expected = request.chain.hashes;
   }
@@ -194,6 +210,20 @@ Result<Decision> Router::route(const RoutableRequest& request) {
     d.tokens_estimated = request.chain.unit != hashing::Unit::kToken;
   }
   return d;
+}
+
+bool Router::prefix_held(const Decision& d) const {
+  if (d.hold_leader == 0 || std::chrono::steady_clock::now() >= d.hold_until) return false;
+  const auto id = d.worker->id();
+  if (!computing_.active(id, d.hold_leader)) return false;
+  const auto tier = index_.tier(id, d.hold_block);
+  return tier && *tier == hashing::Tier::kPredicted;  // stored on a real tier: the event confirmed it
+}
+
+void Router::prefix_hold_ended(Decision& d) {
+  if (d.hold_leader == 0) return;
+  d.hold_leader = 0;
+  metrics_.prefix_held(std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count());
 }
 
 bool Router::keep_with_room(std::vector<policy::WorkerView>& views) const {
@@ -268,12 +298,14 @@ void Router::first_byte(Decision& d) {
   d.first_byte_at = std::chrono::steady_clock::now();
   d.ttft_s = std::chrono::duration<double>(d.first_byte_at - d.start).count();
   d.worker->first_token(d.uncached_tokens, d.prompt_tokens);
+  computing_.end(d.worker->id(), std::exchange(d.computing, 0));
   if (d.worker->removed() || d.background) return;  // removed: its id may be another worker's (complete())
   if (auto s = metrics_.worker(d.worker->id())) s->ttft->Observe(d.ttft_s);
 }
 
 void Router::complete(Decision& d, const Outcome& outcome) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
+  computing_.end(d.worker->id(), std::exchange(d.computing, 0));
   // A queued background response keeps its load on the worker until it ends (holds_background()). Streamed, its
   // exchange lasted until the response was done. One held when its answer was read (hold_answered) stays held
   // whether that answer then reached the client or not: the response runs on the worker either way.

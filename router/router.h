@@ -18,6 +18,7 @@
 #include <string>
 
 #include "backends/worker_registry.h"
+#include "hashing/computing_prefixes.h"
 #include "hashing/prefix_index.h"
 #include "policy/rate_learner.h"
 #include "policy/routing_policy.h"
@@ -55,6 +56,12 @@ struct Decision {
   bool tokens_estimated = false;
   std::string response_id;  // a background request's response id, from its "queued" answer
   bool held = false;        // its load is already held as a background response's (Router::hold_answered)
+  // kv_cost's prefix hold (Router::prefix_held): the blocks this request computes on its worker until its
+  // first byte, and, when it is held, the earlier request computing its prefix's last block.
+  hashing::ComputingPrefixes::Token computing = 0;
+  hashing::ComputingPrefixes::Token hold_leader = 0;  // 0: not held
+  hashing::BlockHash hold_block = 0;
+  std::chrono::steady_clock::time_point hold_until;
 };
 
 struct Usage {
@@ -82,6 +89,15 @@ class Router {
   std::shared_ptr<backends::Worker> any_healthy(std::string_view model = {}) const;
   void first_byte(Decision& d);
   void complete(Decision& d, const Outcome& outcome);
+  // kv_cost's prefix hold. A request route() sent to a worker in precise mode, with no session, whose matched
+  // prefix there ends in a block that an earlier request is still computing (hashing/computing_prefixes.h)
+  // has d.hold_leader set: the caller sends it only once prefix_held() turns false, which is when that
+  // request's first byte came or it ended, the worker's KV event stored the block, --prefix-hold passed, or
+  // the block left the index; then calls prefix_hold_ended(). An engine that makes blocks hits only after the
+  // step computing them (SGLang) would otherwise compute the prefix again for a request admitted meanwhile;
+  // one that makes them hits when scheduled (vLLM v1) stores them, and says so, at once.
+  bool prefix_held(const Decision& d) const;
+  void prefix_hold_ended(Decision& d);
 
   hashing::PrefixIndex& index() { return index_; }
   // One cache of each pool's whole KV capacity, the reference of kvroute_fleet_cache_hit_tokens_total.
@@ -147,6 +163,7 @@ class Router {
   hashing::PrefixIndex index_;
   policy::RateLearner learner_;
   CachePools cache_pools_;  // each pool's capacity as one cache, for kvroute_fleet_cache_hit_tokens_total
+  hashing::ComputingPrefixes computing_;  // prefixes being computed, for prefix holds (kv_cost, precise mode)
   std::atomic<std::uint64_t> sequence_{0};
 
   // At most --max-sessions bindings, the least recently used forgotten first; idle ones expire off the old end.

@@ -163,6 +163,109 @@ class PreciseFleet {
   Process sim_proc_, router_;
 };
 
+// kv_cost's prefix hold (router/router.h, Router::prefix_held). Two requests share a 12K-token prefix that no
+// worker holds; the second is sent while the first is computing its first 8K-token chunk (about 0.3 s
+// simulated; the workers run at twice real time). The second would be admitted with the first one's second
+// chunk.
+constexpr std::uint64_t kHoldPrefix = 12288;
+
+struct HoldRun {
+  std::uint64_t first_cached = 0, second_cached = 0;
+  std::string first_worker, second_worker;
+  double first_ttft_s = 0;
+  double second_sent_s = 0;  // after the first
+  double holds = 0, hold_seconds = 0;
+};
+
+HoldRun prefix_hold_run(std::vector<std::string> router_args, std::vector<std::string> sim_args) {
+  sim_args.insert(sim_args.end(), {"--speed", "2", "--num-gpu-blocks", "4000"});
+  PreciseFleet fleet(/*events=*/true, "vllm", std::move(router_args), std::move(sim_args));
+  fleet.wait_live();
+  std::mt19937_64 rng(7);
+  json::array prefix;
+  for (int t = 0; t < kHoldPrefix; ++t) prefix.push_back(static_cast<std::int64_t>(1000 + rng() % 50000));
+  auto body = [&](int tail, bool stream) {
+    json::array prompt = prefix;
+    for (int t = 0; t < 32; ++t) prompt.push_back(static_cast<std::int64_t>(60000 + tail * 100 + t));
+    json::object b{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}, {"stream", stream}};
+    if (stream) b["stream_options"] = json::object{{"include_usage", true}};
+    return json::serialize(b);
+  };
+  auto cached = [](const std::string& text) -> std::uint64_t {
+    // The usage object of a response, or of a stream's last data event.
+    const auto at = text.rfind("\"prompt_tokens_details\"");
+    if (at == std::string::npos) return 0;
+    const auto c = text.find("\"cached_tokens\":", at);
+    return c == std::string::npos ? 0 : std::stoull(text.substr(c + 16));
+  };
+  HoldRun run;
+  std::string first_text;
+  HttpResponse first;
+  const auto sent = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point first_piece{};
+  std::thread leader([&] {
+    first = http_stream(fleet.api(), "POST", "/v1/completions", body(1, true), {},
+                        [&](const std::string& piece, std::chrono::steady_clock::time_point at) {
+                          if (first_piece == std::chrono::steady_clock::time_point{} && piece.find("data:") != std::string::npos)
+                            first_piece = at;
+                          first_text += piece;
+                        });
+  });
+  std::this_thread::sleep_for(40ms);  // the first request is computing its first chunk
+  run.second_sent_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  const HttpResponse second = http(fleet.api(), "POST", "/v1/completions", body(2, false));
+  leader.join();
+  EXPECT_EQ(first.status, 200) << first.error;
+  EXPECT_EQ(second.status, 200) << second.body << second.error;
+  run.first_cached = cached(first_text);
+  run.second_cached = cached(second.body);
+  run.first_worker = first.header("x-kvroute-worker");
+  run.second_worker = second.header("x-kvroute-worker");
+  run.first_ttft_s = std::chrono::duration<double>(first_piece - sent).count();
+  const std::string m = http(fleet.admin(), "GET", "/metrics").body;
+  auto value = [&](const std::string& name) {
+    const auto at = m.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(m.substr(at + name.size() + 2));
+  };
+  run.holds = value("kvroute_prefix_holds_total");
+  run.hold_seconds = value("kvroute_prefix_hold_seconds_total");
+  std::printf("prefix hold: cached %llu then %llu tokens, workers %s / %s, first TTFT %.3f s, %g holds, %.3f s held\n",
+              static_cast<unsigned long long>(run.first_cached), static_cast<unsigned long long>(run.second_cached),
+              run.first_worker.c_str(), run.second_worker.c_str(), run.first_ttft_s, run.holds, run.hold_seconds);
+  return run;
+}
+
+// On workers that make a step's blocks hits only once the step is done (kvroute-sim's default, as SGLang),
+// the second request waits for the first one's prefix on the same worker and reads it all from cache; with
+// the hold off, it is admitted while the prefix is still being computed, and computes again the chunks not
+// done by then.
+TEST(PreciseE2E, ARequestWaitsForThePrefixBeingComputedInsteadOfComputingItAgain) {
+  const HoldRun held = prefix_hold_run({}, {});
+  EXPECT_EQ(held.second_worker, held.first_worker);
+  EXPECT_EQ(held.first_cached, 0u);
+  EXPECT_EQ(held.second_cached, kHoldPrefix);  // the whole prefix
+  EXPECT_EQ(held.holds, 1.0);
+  // Until the first request's first token (the router polls every 2 ms), within --prefix-hold.
+  EXPECT_GT(held.second_sent_s + held.hold_seconds, held.first_ttft_s - 0.03);
+  EXPECT_LT(held.hold_seconds, 0.4);
+
+  const HoldRun not_held = prefix_hold_run({"--prefix-hold", "0"}, {});
+  EXPECT_EQ(not_held.second_worker, not_held.first_worker);
+  EXPECT_LT(not_held.second_cached, kHoldPrefix);  // chunks computed again
+  EXPECT_EQ(not_held.holds, 0.0);
+}
+
+// On workers that make blocks hits when they schedule them (kvroute-sim --prefix-commit schedule, as vLLM v1),
+// the worker's KV event says the prefix is stored as soon as the first request's second chunk is scheduled: the
+// hold ends then, before that request's first token.
+TEST(PreciseE2E, ThePrefixHoldEndsWithTheWorkersEventOnEnginesThatCommitBlocksWhenScheduled) {
+  const HoldRun run = prefix_hold_run({}, {"--prefix-commit", "schedule"});
+  EXPECT_EQ(run.second_worker, run.first_worker);
+  EXPECT_EQ(run.second_cached, kHoldPrefix);
+  EXPECT_EQ(run.holds, 1.0);
+  EXPECT_LT(run.second_sent_s + run.hold_seconds, run.first_ttft_s - 0.02);
+}
+
 TEST(PreciseE2E, RouterIndexEqualsWhatWorkersHoldAfterEvictingBurst) {
   PreciseFleet fleet(/*events=*/true);
   fleet.wait_live();

@@ -114,8 +114,12 @@ TEST(PrefixIndex, ExpectedBlocksAreConfirmedByEventsOrDropped) {
   PrefixIndex::Match m;
   idx.match(a, m);
   EXPECT_EQ(m.of(0), 6u);                            // a burst on this prefix sees it at once
+  EXPECT_EQ(idx.tier(0, a[3]), Tier::kPredicted);
   idx.store(0, std::span(a).subspan(2, 2), Tier::kGpu);  // the worker's events confirm two more
+  EXPECT_EQ(idx.tier(0, a[3]), Tier::kGpu);
+  EXPECT_EQ(idx.tier(1, a[3]), std::nullopt);        // another worker
   EXPECT_EQ(idx.drop_unconfirmed(0, a), 2u);         // the last two never came
+  EXPECT_EQ(idx.tier(0, a[5]), std::nullopt);
   idx.match(a, m);
   EXPECT_EQ(m.of(0), 4u);
   for (const auto& [h, tier] : idx.worker_entries(0)) EXPECT_EQ(tier, Tier::kGpu);

@@ -1,0 +1,54 @@
+#include "hashing/computing_prefixes.h"
+
+#include <gtest/gtest.h>
+
+namespace kvroute::hashing {
+namespace {
+
+TEST(ComputingPrefixes, FindsTheEarliestRequestComputingABlockUntilItsFirstToken) {
+  ComputingPrefixes c;
+  const std::vector<BlockHash> a{11, 12, 13, 14};
+  const std::vector<BlockHash> b{11, 12, 13, 14, 15, 16};
+  // a computes blocks 1..3 on worker 2 (block 0 was cached); b, sent after it, computes 4..5.
+  const auto ta = c.begin(2, a, 1);
+  const auto tb = c.begin(2, b, 4);
+  ASSERT_NE(ta, 0u);
+  ASSERT_NE(tb, 0u);
+  EXPECT_EQ(c.size(2), 2u);
+  EXPECT_EQ(c.computing(2, 3, 14), ta);            // a prefix of four blocks: a computes its last one
+  EXPECT_EQ(c.computing(2, 5, 16), tb);
+  EXPECT_FALSE(c.computing(2, 0, 11));             // cached before a came
+  EXPECT_FALSE(c.computing(2, 2, 14));             // another position: another prefix
+  EXPECT_FALSE(c.computing(1, 3, 14));             // another worker
+  EXPECT_FALSE(c.computing(7, 3, 14));             // a worker never seen
+  EXPECT_TRUE(c.active(2, ta));
+  c.end(2, ta);                                    // a's first token
+  EXPECT_FALSE(c.active(2, ta));
+  EXPECT_FALSE(c.computing(2, 3, 14));
+  EXPECT_EQ(c.computing(2, 5, 16), tb);
+  c.end(2, tb);
+  c.end(2, tb);  // again, and the "nothing registered" token: no-ops
+  c.end(2, 0);
+  EXPECT_EQ(c.size(2), 0u);
+}
+
+TEST(ComputingPrefixes, TwoRequestsComputingTheSameBlockAnswerTheFirst) {
+  ComputingPrefixes c;
+  const std::vector<BlockHash> chain{1, 2, 3};
+  const auto first = c.begin(0, chain, 0);
+  const auto second = c.begin(0, chain, 0);
+  EXPECT_EQ(c.computing(0, 2, 3), first);
+  c.end(0, first);
+  EXPECT_EQ(c.computing(0, 2, 3), second);
+}
+
+TEST(ComputingPrefixes, AFullyCachedRequestComputesNothing) {
+  ComputingPrefixes c;
+  const std::vector<BlockHash> chain{1, 2};
+  EXPECT_EQ(c.begin(0, chain, 2), 0u);
+  EXPECT_EQ(c.begin(0, {}, 0), 0u);
+  EXPECT_EQ(c.size(0), 0u);
+}
+
+}  // namespace
+}  // namespace kvroute::hashing

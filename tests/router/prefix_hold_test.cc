@@ -1,0 +1,110 @@
+// kv_cost's prefix hold in Router::route: a request whose matched prefix on its worker ends in a block that an
+// earlier request is still computing is held until that request's first byte, the worker's KV event storing
+// the block, or --prefix-hold.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "router/router.h"
+
+namespace kvroute::router {
+namespace {
+
+class PrefixHoldTest : public testing::Test {
+ protected:
+  void start(const std::string& policy, bool precise) {
+    config_.policy = policy;
+    router_ = std::make_unique<Router>(config_, registry_, std::move(*policy::make_policy(policy, {})), metrics_);
+    auto ep = backends::parse_worker_url("http://10.0.0.1:8000");
+    ASSERT_TRUE(ep && registry_.add(*ep));
+    registry_.find(0)->set_precise(precise);
+  }
+  // A prompt of token ids: a 64-token prefix shared by every request (four blocks), then `tail` tokens of its own.
+  Decision route(int tail, std::string_view session = {}) {
+    std::string body = R"({"model":"m","max_tokens":4,"prompt":[)";
+    for (int t = 0; t < 64; ++t) body += std::to_string(1000 + t) + ",";
+    for (int t = 0; t < tail; ++t) body += std::to_string(5000 + 100 * tail + t) + (t + 1 < tail ? "," : "");
+    body += "]}";
+    auto parsed = parse_request(Endpoint::kCompletions, body, RequestHeaders{session, {}, {}}, ParseOptions{});
+    EXPECT_TRUE(parsed) << parsed.error().message;
+    auto d = router_->route(*parsed);
+    EXPECT_TRUE(d) << d.error().message;
+    return std::move(*d);
+  }
+
+  Config config_;
+  backends::WorkerRegistry registry_;
+  RouterMetrics metrics_;
+  std::unique_ptr<Router> router_;
+};
+
+TEST_F(PrefixHoldTest, HeldUntilTheRequestComputingItsPrefixHasItsFirstByte) {
+  start("kv_cost", /*precise=*/true);
+  Decision first = route(16);
+  EXPECT_EQ(first.hold_leader, 0u);  // nothing was being computed
+  Decision second = route(32);
+  ASSERT_NE(second.hold_leader, 0u);
+  EXPECT_TRUE(router_->prefix_held(second));
+  Decision with_session = route(48, "chat-1");
+  EXPECT_EQ(with_session.hold_leader, 0u);  // a session's request is never held
+  router_->first_byte(first);
+  EXPECT_FALSE(router_->prefix_held(second));
+  router_->prefix_hold_ended(second);
+  EXPECT_EQ(second.hold_leader, 0u);
+  for (Decision* d : {&first, &second, &with_session}) router_->complete(*d, Outcome{true, std::nullopt});
+}
+
+TEST_F(PrefixHoldTest, HeldUntilTheWorkersEventStoresTheBlock) {
+  start("kv_cost", true);
+  Decision first = route(16);
+  Decision second = route(32);
+  ASSERT_TRUE(router_->prefix_held(second));
+  // The worker's KV event for the prefix's last block (the router's index moves it off the predicted tier).
+  router_->index().store(0, std::vector<hashing::BlockHash>{second.hold_block}, hashing::Tier::kGpu);
+  EXPECT_FALSE(router_->prefix_held(second));
+  for (Decision* d : {&first, &second}) router_->complete(*d, Outcome{true, std::nullopt});
+}
+
+TEST_F(PrefixHoldTest, HeldAtMostPrefixHoldAndNeverWithItAtZero) {
+  config_.prefix_hold_s = 0.01;
+  start("kv_cost", true);
+  Decision first = route(16);
+  Decision second = route(32);
+  ASSERT_TRUE(router_->prefix_held(second));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(router_->prefix_held(second));
+  config_.prefix_hold_s = 0;
+  Decision third = route(48);
+  EXPECT_EQ(third.hold_leader, 0u);
+  for (Decision* d : {&first, &second, &third}) router_->complete(*d, Outcome{true, std::nullopt});
+}
+
+TEST_F(PrefixHoldTest, ARequestThatEndedWithoutAFirstByteStopsTheHold) {
+  start("kv_cost", true);
+  Decision first = route(16);
+  Decision second = route(32);
+  ASSERT_TRUE(router_->prefix_held(second));
+  router_->complete(first, Outcome{false, std::nullopt});  // the worker failed it
+  EXPECT_FALSE(router_->prefix_held(second));
+  router_->complete(second, Outcome{true, std::nullopt});
+}
+
+TEST_F(PrefixHoldTest, OnlyKvCostOnWorkersInPreciseModeHolds) {
+  start("least_request", true);
+  Decision a = route(16), b = route(32);
+  EXPECT_EQ(b.hold_leader, 0u);
+  for (Decision* d : {&a, &b}) router_->complete(*d, Outcome{true, std::nullopt});
+}
+
+TEST_F(PrefixHoldTest, NoHoldInApproximateMode) {
+  start("kv_cost", false);
+  Decision a = route(16), b = route(32);
+  EXPECT_EQ(b.hold_leader, 0u);
+  for (Decision* d : {&a, &b}) router_->complete(*d, Outcome{true, std::nullopt});
+}
+
+}  // namespace
+}  // namespace kvroute::router
