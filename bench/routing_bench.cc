@@ -107,6 +107,24 @@ std::uint64_t splitmix(std::uint64_t& s) {
   return x ^ (x >> 31);
 }
 
+// The same size of prompt as token ids (a completions request): 8,192 tokens, 512 blocks. In precise mode the
+// router records only token chains, which the workers' KV events can confirm.
+const kvroute::router::RoutableRequest& parsed_tokens() {
+  static const kvroute::router::RoutableRequest r = [] {
+    std::string b = R"({"model":")" + std::string(kModel) + R"(","max_tokens":64,"prompt":[)";
+    std::uint64_t s = 99;
+    for (int t = 0; t < 8192; ++t) {
+      if (t) b += ',';
+      b += std::to_string(1000 + splitmix(s) % 100000);
+    }
+    b += "]}";
+    auto p = kvroute::router::parse_request(kvroute::router::Endpoint::kCompletions, b, {}, {});
+    if (!p) std::abort();
+    return std::move(*p);
+  }();
+  return r;
+}
+
 // Fills `index` with about `target` entries of other conversations spread over `workers` workers: 64 tenant
 // system prompts of 32..160 blocks shared by everyone who uses them, each conversation a prompt plus a unique
 // tail of 16..512 blocks, recorded on 1..3 workers (the original and replicas after load spills).
@@ -235,12 +253,15 @@ BENCHMARK(BM_RoutingDecision)
 // also measures the request against one cache of the fleet's capacity (hashing/shared_cache.h): sampled at 1/8
 // or 1/4; 5 = half the workers serve another model and capacities are known (25,000 blocks), so the request is
 // measured against its pool's cache (router/cache_pools.h): 32 workers, sampled at 1/8. (With 4,000 the chosen
-// worker's entries beyond its capacity are evicted at its next record.)
+// worker's entries beyond its capacity are evicted at its next record.) 6 and 7 = every worker in precise mode
+// and the prompt as 8,192 token ids: the routed chain is expected (predicted until events confirm it) and,
+// with --prefix-hold (6; 7: 0), the blocks it computes are registered for prefix holds.
 void BM_RouterRoute(benchmark::State& state) {
   constexpr int kWorkers = 64;
   const int models = static_cast<int>(state.range(0));
   kvroute::router::Config config;
   config.policy = "kv_cost";
+  if (models == 7) config.prefix_hold_s = 0;
   kvroute::backends::WorkerRegistry registry;
   kvroute::router::RouterMetrics metrics;
   kvroute::router::Router router(config, registry, policy_named("kv_cost"), metrics);
@@ -252,14 +273,15 @@ void BM_RouterRoute(benchmark::State& state) {
   for (const auto& w : *workers) {
     if (models == 1) w->set_models({"llama-3.1-8b", kModel, "sql-lora"});
     if (models == 2 || models == 5) w->set_models({w->id() % 2 ? std::string(kModel) : std::string("llama-3.1-8b")});
+    if (models >= 6) w->set_precise(true);
   }
+  const auto& r = models >= 6 ? parsed_tokens() : parsed();
   fill_background(router.index(), kWorkers, 1'000'000, 7);
-  fill_conversation(router.index(), kWorkers, parsed().chain);
+  fill_conversation(router.index(), kWorkers, r.chain);
   // Capacities as the workers' metrics would report them, set once the index is filled.
   if (models >= 3) {
     for (const auto& w : *workers) router.index().set_capacity(w->id(), models == 4 ? 4'000 : 25'000);
   }
-  const auto& r = parsed();
   for (auto _ : state) {
     auto d = router.route(r);
     if (!d) std::abort();
@@ -269,10 +291,11 @@ void BM_RouterRoute(benchmark::State& state) {
   }
   static const char* const kLabels[] = {"models unknown", "all serve the model", "half serve it",
                                          "shared cache sampled 1/8", "shared cache sampled 1/4",
-                                         "half serve it, its pool's cache sampled 1/8"};
+                                         "half serve it, its pool's cache sampled 1/8",
+                                         "precise mode, token prompt", "precise mode, token prompt, no prefix hold"};
   state.SetLabel(kLabels[models]);
 }
-BENCHMARK(BM_RouterRoute)->ArgName("models")->DenseRange(0, 5)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RouterRoute)->ArgName("models")->DenseRange(0, 7)->Unit(benchmark::kMicrosecond);
 
 // ---------------------------------------------------------------------------------------------------------
 // Stage by stage.

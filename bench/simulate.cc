@@ -353,7 +353,18 @@ class FleetSim {
     f.first_token = t;
     f.cached = cached;
     ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
-    computing_.end(w, f.computing);
+    if (f.computing != 0) {
+      // What the router sees at a streamed first token: has the worker's event stored the last block this
+      // request computed? (Router::first_byte; hashing/computing_prefixes.h.)
+      apply_deliveries_of(w, t);
+      const auto last = computing_.last_block(w, f.computing);
+      const auto tier = last ? index_.tier(w, *last) : std::nullopt;
+      if (tier) {
+        computing_.first_token(w, f.computing, *tier != hashing::Tier::kPredicted);
+      } else {
+        computing_.end(w, f.computing);
+      }
+    }
     // Requests held for this one's prefix go now (the router sees its first byte).
     for (auto& h : ws.held)
       if (h.leader == f.computing) h.release_at = std::min(h.release_at, t);
@@ -399,12 +410,16 @@ class FleetSim {
 
   void apply_deliveries(double now) {
     if (run_.mode != IndexMode::kPrecise) return;
-    for (std::size_t e = 0; e < n_; ++e) {
-      auto& q = workers_[e].deliveries;
-      while (!q.empty() && q.front().t <= now) {
-        apply(static_cast<WorkerId>(e), q.front().kind, q.front().medium, q.front().hashes);
-        q.pop_front();
-      }
+    for (std::size_t e = 0; e < n_; ++e) apply_deliveries_of(static_cast<WorkerId>(e), now);
+  }
+
+  // The worker's KV events that have reached the router by `now` (its own engine emitted them, so applying
+  // them while other engines lag behind changes nothing they see).
+  void apply_deliveries_of(WorkerId w, double now) {
+    auto& q = workers_[w].deliveries;
+    while (!q.empty() && q.front().t <= now) {
+      apply(w, q.front().kind, q.front().medium, q.front().hashes);
+      q.pop_front();
     }
   }
 
@@ -513,8 +528,22 @@ class FleetSim {
     f.bound = preferred ? static_cast<int>(*preferred) : -1;
     if (r.session != 0) sessions_[r.session] = {wi, t};
 
+    // kv_cost's prefix hold, as the daemon does it (router/router.h, Router::route): in precise mode, a request
+    // without a session whose matched prefix ends in a block an earlier request is still computing on the
+    // chosen worker, and that no KV event has confirmed yet, waits for that request's first token, the block's
+    // event, or --prefix-hold seconds.
+    hashing::ComputingPrefixes::Token leader = 0;
+    const std::uint32_t mb = holds_ ? ctx.matched_blocks(wi) : 0;
+    if (mb > 0 && r.session == 0 && computing_.holds_help(w) &&
+        index_.tier(w, r.chain.hashes[mb - 1]) == hashing::Tier::kPredicted)
+      leader = computing_.computing(w, mb - 1, r.chain.hashes[mb - 1]).value_or(0);
+    if (holds_) f.computing = computing_.begin(w, r.chain.hashes, mb);
+
     // 4. The observer's updates, then the request goes to the worker.
-    if (uses_match_) {
+    if (holds_) {
+      // As the daemon's expect(): the blocks it computes are predicted until the worker's events store them.
+      index_.record_routed(w, r.chain.hashes, mb);
+    } else if (uses_match_) {
       // Approximate mode: the routing history is the index (capacity-bounded LRU per worker). Precise mode:
       // the engine's events are the truth, but they arrive only after the prefill (plus the event delay),
       // so the router also records what it just routed, as Dynamo's KV router tracks its in-flight blocks;
@@ -529,16 +558,9 @@ class FleetSim {
     req.block_hashes.insert(req.block_hashes.end(), r.output_blocks.begin(), r.output_blocks.end());
     req.prompt_tokens = r.prompt_tokens;
     req.max_tokens = r.output_tokens;
-    // kv_cost's prefix hold, as the daemon does it (router/router.h, Router::route): in precise mode, a request
-    // without a session whose matched prefix ends in a block an earlier request is still computing on the
-    // chosen worker waits for that request's first token, the block's KV event, or --prefix-hold seconds.
-    std::optional<hashing::ComputingPrefixes::Token> leader;
-    const std::uint32_t mb = holds_ ? ctx.matched_blocks(wi) : 0;
-    if (mb > 0 && r.session == 0) leader = computing_.computing(w, mb - 1, r.chain.hashes[mb - 1]);
-    if (holds_) f.computing = computing_.begin(w, r.chain.hashes, mb);
-    if (leader) {
+    if (leader != 0) {
       f.held = std::make_unique<sim::SimRequest>(std::move(req));
-      ws.held.push_back({r.id, t + o_.prefix_hold_s, r.chain.hashes[mb - 1], *leader});
+      ws.held.push_back({r.id, t + o_.prefix_hold_s, r.chain.hashes[mb - 1], leader});
     } else if (!engines_[wi].submit(std::move(req), t)) {
       ++rejected_;
       computing_.end(w, f.computing);

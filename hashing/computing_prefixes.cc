@@ -10,7 +10,7 @@ ComputingPrefixes::Token ComputingPrefixes::begin(WorkerId worker, std::span<con
   std::lock_guard lock(mu_);
   if (worker >= workers_.size()) workers_.resize(static_cast<std::size_t>(worker) + 1);
   const Token t = next_++;
-  workers_[worker].push_back(Entry{t, from, std::vector<BlockHash>(chain.begin() + static_cast<std::ptrdiff_t>(from), chain.end())});
+  workers_[worker].entries.push_back(Entry{t, from, std::vector<BlockHash>(chain.begin() + static_cast<std::ptrdiff_t>(from), chain.end())});
   return t;
 }
 
@@ -18,17 +18,45 @@ void ComputingPrefixes::end(WorkerId worker, Token token) {
   if (token == 0) return;
   std::lock_guard lock(mu_);
   if (worker >= workers_.size()) return;
-  auto& list = workers_[worker];
+  auto& list = workers_[worker].entries;
   // Kept in registration order (computing() answers the earliest), so erase rather than swap with the last.
   auto it = std::find_if(list.begin(), list.end(), [&](const Entry& e) { return e.token == token; });
   if (it != list.end()) list.erase(it);
+}
+
+void ComputingPrefixes::first_token(WorkerId worker, Token token, bool last_block_stored) {
+  if (token == 0) return;
+  std::lock_guard lock(mu_);
+  if (worker >= workers_.size()) return;
+  Worker& w = workers_[worker];
+  auto it = std::find_if(w.entries.begin(), w.entries.end(), [&](const Entry& e) { return e.token == token; });
+  if (it == w.entries.end()) return;
+  if (it->blocks.size() >= kTeachMinBlocks && it->blocks.size() <= kTeachMaxBlocks) {
+    w.commits_at_schedule = std::clamp(w.commits_at_schedule + (last_block_stored ? 1 : -1), -3, 3);
+  }
+  w.entries.erase(it);
+}
+
+std::optional<BlockHash> ComputingPrefixes::last_block(WorkerId worker, Token token) const {
+  std::lock_guard lock(mu_);
+  if (worker >= workers_.size()) return std::nullopt;
+  for (const Entry& e : workers_[worker].entries) {
+    if (e.token == token) return e.blocks.back();
+  }
+  return std::nullopt;
+}
+
+ComputingPrefixes::Commit ComputingPrefixes::commit(WorkerId worker) const {
+  std::lock_guard lock(mu_);
+  const int score = worker < workers_.size() ? workers_[worker].commits_at_schedule : 0;
+  return score > 0 ? Commit::kAtSchedule : score < 0 ? Commit::kAfterStep : Commit::kUnknown;
 }
 
 std::optional<ComputingPrefixes::Token> ComputingPrefixes::computing(WorkerId worker, std::size_t pos,
                                                                      BlockHash block) const {
   std::lock_guard lock(mu_);
   if (worker >= workers_.size()) return std::nullopt;
-  for (const Entry& e : workers_[worker]) {
+  for (const Entry& e : workers_[worker].entries) {
     if (pos >= e.from && pos - e.from < e.blocks.size() && e.blocks[pos - e.from] == block) return e.token;
   }
   return std::nullopt;
@@ -37,13 +65,18 @@ std::optional<ComputingPrefixes::Token> ComputingPrefixes::computing(WorkerId wo
 bool ComputingPrefixes::active(WorkerId worker, Token token) const {
   std::lock_guard lock(mu_);
   if (worker >= workers_.size()) return false;
-  const auto& list = workers_[worker];
+  const auto& list = workers_[worker].entries;
   return std::any_of(list.begin(), list.end(), [&](const Entry& e) { return e.token == token; });
+}
+
+void ComputingPrefixes::forget(WorkerId worker) {
+  std::lock_guard lock(mu_);
+  if (worker < workers_.size()) workers_[worker] = Worker{};
 }
 
 std::size_t ComputingPrefixes::size(WorkerId worker) const {
   std::lock_guard lock(mu_);
-  return worker < workers_.size() ? workers_[worker].size() : 0;
+  return worker < workers_.size() ? workers_[worker].entries.size() : 0;
 }
 
 }  // namespace kvroute::hashing

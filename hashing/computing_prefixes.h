@@ -14,6 +14,14 @@
 //   if (auto leader = c.computing(w, m - 1, other[m - 1])) ...   // another request's prefix of m blocks
 //   c.end(w, t);                                     // its first token
 //
+// Holding helps only on engines that make blocks hits after the step that computes them. vLLM v1 makes them
+// hits when it schedules them (and its KV events say so then), so a request admitted with the one computing
+// its prefix already reads it there. The router tells the two apart from what it sees at a streamed request's
+// first token: whether the worker's KV event has already stored the last block the request computed. A
+// prefill of 2K-8K tokens (one chunk, long enough to outlast the events' delay) decides: stored means the
+// worker stores blocks when it schedules them, and holds there stop; not yet stored means after the step.
+// Until a worker has shown either, holds are allowed (the cost of one on vLLM is bounded by the hold).
+//
 // Entries live from dispatch to the first token, so at most one per request in prefill. Thread-safe.
 #pragma once
 
@@ -35,12 +43,28 @@ class ComputingPrefixes {
   // A request sent to `worker` computes blocks [from, chain.size()) of `chain`. Returns its token, 0 when it
   // computes no full block.
   Token begin(WorkerId worker, std::span<const BlockHash> chain, std::size_t from);
-  // Its first token came, or it ended without one: its blocks are no longer being computed. No-op for 0.
+  // It ended without a first token (or one that says nothing of its prefill, such as a non-streamed
+  // response's): its blocks are no longer being computed. No-op for 0.
   void end(WorkerId worker, Token token);
+  // Its first token came; `last_block_stored`: whether the worker's KV event had stored the last block it
+  // computes by then. Ends it, and from a prefill of one chunk teaches the worker's commit timing.
+  void first_token(WorkerId worker, Token token, bool last_block_stored);
+  // The last block the request computes.
+  std::optional<BlockHash> last_block(WorkerId worker, Token token) const;
+  // When the worker makes computed blocks hits, as its first tokens and events have shown so far.
+  enum class Commit { kUnknown, kAfterStep, kAtSchedule };
+  Commit commit(WorkerId worker) const;
+  // Whether a hold can help on this worker: not once it has shown that it stores blocks when it schedules
+  // them.
+  bool holds_help(WorkerId worker) const { return commit(worker) != Commit::kAtSchedule; }
+  // Prefills of this many computed blocks teach the commit timing: 2K-8K tokens of 16-token blocks.
+  static constexpr std::size_t kTeachMinBlocks = 128, kTeachMaxBlocks = 512;
   // The earliest registered request on `worker` still computing `block` as block `pos` of its chain (chained
   // hashes: the same block at the same position is the same prefix).
   std::optional<Token> computing(WorkerId worker, std::size_t pos, BlockHash block) const;
   bool active(WorkerId worker, Token token) const;
+  // The worker was removed: its entries and what it taught go (its id may be another worker's next).
+  void forget(WorkerId worker);
   // Requests registered on the worker (tests and debugging).
   std::size_t size(WorkerId worker) const;
 
@@ -50,8 +74,12 @@ class ComputingPrefixes {
     std::size_t from;
     std::vector<BlockHash> blocks;  // chain[from..]
   };
+  struct Worker {
+    std::vector<Entry> entries;  // in registration order
+    int commits_at_schedule = 0;  // evidence: +1 stored by the first token, -1 not yet; kept in [-3, 3]
+  };
   mutable std::mutex mu_;
-  std::vector<std::vector<Entry>> workers_;  // by worker id, in registration order; guarded by mu_
+  std::vector<Worker> workers_;  // by worker id; guarded by mu_
   Token next_ = 1;                           // guarded by mu_
 };
 

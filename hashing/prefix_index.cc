@@ -146,13 +146,14 @@ std::uint32_t PrefixIndex::find_entry_to_front(WorkerId w, BlockHash h) {
   return kNil;
 }
 
-std::uint32_t PrefixIndex::touch(WorkerId w, BlockHash h, Tier tier) {
+std::uint32_t PrefixIndex::touch(WorkerId w, BlockHash h, Tier tier, bool keep_predicted) {
   WorkerLru& l = lru(w);
   std::uint32_t e = find_entry_to_front(w, h);
   if (e != kNil) {
     Entry& en = entries_[e];
     if (en.hits == 0) ++l.reused;
     if (en.hits < 255) ++en.hits;
+    if (keep_predicted && en.tier == Tier::kPredicted) tier = Tier::kPredicted;
     if (en.tier != tier) {
       if (en.tier == Tier::kCpu) --cpu_entries_;
       if (tier == Tier::kCpu) ++cpu_entries_;
@@ -226,6 +227,17 @@ std::size_t PrefixIndex::record(WorkerId worker, std::span<const BlockHash> chai
     ++evicted;
   }
   return evicted;
+}
+
+void PrefixIndex::record_routed(WorkerId worker, std::span<const BlockHash> chain, std::size_t predicted_from) {
+  std::unique_lock lock(mu_);
+  for (std::size_t i = chain.size(); i-- > 0;) {
+    if (i >= predicted_from) {
+      touch(worker, chain[i], Tier::kPredicted);
+    } else {
+      touch(worker, chain[i], Tier::kGpu, /*keep_predicted=*/true);
+    }
+  }
 }
 
 void PrefixIndex::store(WorkerId worker, std::span<const BlockHash> blocks, Tier tier) {

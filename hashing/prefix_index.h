@@ -96,6 +96,11 @@ class PrefixIndex {
   // The worker's entries with their tiers, most recently used first.
   std::vector<std::pair<BlockHash, Tier>> worker_entries(WorkerId worker) const;
   bool holds(WorkerId worker, BlockHash block) const;
+  // kvroute-bench's simulation of precise mode: touches the routed chain as record() does (its first block
+  // most recently used). Blocks from `predicted_from` on (those the request computes) become predicted until
+  // the worker's events store them, as expect() makes them in the daemon; earlier blocks keep a predicted
+  // mark they have (another request is computing them), and are otherwise on the GPU tier.
+  void record_routed(WorkerId worker, std::span<const BlockHash> chain, std::size_t predicted_from);
   // The tier of the worker's entry for the block; nullopt when it has none.
   std::optional<Tier> tier(WorkerId worker, BlockHash block) const;
 
@@ -158,7 +163,7 @@ class PrefixIndex {
   void lru_unlink(WorkerLru& l, std::uint32_t e);
   void lru_push_front(WorkerLru& l, std::uint32_t e);
   // Inserts or touches (worker, h); returns the entry.
-  std::uint32_t touch(WorkerId w, BlockHash h, Tier tier);
+  std::uint32_t touch(WorkerId w, BlockHash h, Tier tier, bool keep_predicted = false);
   void erase_entry(std::uint32_t e);
 
   // Entries live in fixed-size chunks so the pool grows without copying and with little slack.

@@ -1255,6 +1255,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
         o["models"] = std::move(models);
         o["indexed_blocks"] = svc_.router.index().worker_blocks(w->id());
         o["mode"] = w->precise() ? "precise" : "approximate";
+        o["prefix_commit"] = svc_.router.prefix_commit(w->id());
         const auto rates = svc_.router.learned_rates(w->id());
         o["prefill_tokens_per_s"] = rates.prefill_tokens_per_s;
         o["decode_step_s"] = rates.decode_step_s * rates.decode_correction;

@@ -52,6 +52,7 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
       [this](const backends::Worker& w) {
         index_.clear_worker(w.id());
         learner_.forget(w.id());
+        computing_.forget(w.id());
         metrics_.remove_worker(w.id());
         {
           std::lock_guard lock(sessions_mu_);
@@ -177,7 +178,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
       // until that lands (prefix_held()). Its own blocks beyond the match are computing until its first byte.
       const std::uint32_t m = ctx.matched_blocks(pick->worker);
       const auto id = d.worker->id();
-      if (m > 0 && request.session_key.empty()) {
+      if (m > 0 && request.session_key.empty() && computing_.holds_help(id)) {
         if (auto leader = computing_.computing(id, m - 1, request.chain.hashes[m - 1])) {
           d.hold_leader = *leader;
           d.hold_block = request.chain.hashes[m - 1];
@@ -218,6 +219,15 @@ bool Router::prefix_held(const Decision& d) const {
   if (!computing_.active(id, d.hold_leader)) return false;
   const auto tier = index_.tier(id, d.hold_block);
   return tier && *tier == hashing::Tier::kPredicted;  // stored on a real tier: the event confirmed it
+}
+
+std::string_view Router::prefix_commit(hashing::WorkerId id) const {
+  switch (computing_.commit(id)) {
+    case hashing::ComputingPrefixes::Commit::kAtSchedule: return "at_schedule";
+    case hashing::ComputingPrefixes::Commit::kAfterStep: return "after_step";
+    case hashing::ComputingPrefixes::Commit::kUnknown: break;
+  }
+  return "unknown";
 }
 
 void Router::prefix_hold_ended(Decision& d) {
@@ -298,7 +308,18 @@ void Router::first_byte(Decision& d) {
   d.first_byte_at = std::chrono::steady_clock::now();
   d.ttft_s = std::chrono::duration<double>(d.first_byte_at - d.start).count();
   d.worker->first_token(d.uncached_tokens, d.prompt_tokens);
-  computing_.end(d.worker->id(), std::exchange(d.computing, 0));
+  if (const auto token = std::exchange(d.computing, 0); token != 0) {
+    // A streamed request's first byte is its first token: whether the worker's event has stored the last
+    // block it computed by now tells when the worker makes blocks hits (hashing/computing_prefixes.h).
+    const auto id = d.worker->id();
+    const auto last = d.streamed ? computing_.last_block(id, token) : std::nullopt;
+    const auto tier = last ? index_.tier(id, *last) : std::nullopt;
+    if (tier) {
+      computing_.first_token(id, token, *tier != hashing::Tier::kPredicted);
+    } else {
+      computing_.end(id, token);
+    }
+  }
   if (d.worker->removed() || d.background) return;  // removed: its id may be another worker's (complete())
   if (auto s = metrics_.worker(d.worker->id())) s->ttft->Observe(d.ttft_s);
 }

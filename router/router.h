@@ -98,6 +98,9 @@ class Router {
   // one that makes them hits when scheduled (vLLM v1) stores them, and says so, at once.
   bool prefix_held(const Decision& d) const;
   void prefix_hold_ended(Decision& d);
+  // When the worker makes computed blocks cache hits, as learned from its streamed first tokens and KV events
+  // (hashing/computing_prefixes.h): "at_schedule" (no holds there), "after_step", or "unknown" yet.
+  std::string_view prefix_commit(hashing::WorkerId id) const;
 
   hashing::PrefixIndex& index() { return index_; }
   // One cache of each pool's whole KV capacity, the reference of kvroute_fleet_cache_hit_tokens_total.

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <random>
 #include <set>
+#include <mutex>
 #include <thread>
 
 #include <boost/json.hpp>
@@ -175,15 +176,18 @@ struct HoldRun {
   double first_ttft_s = 0;
   double second_sent_s = 0;  // after the first
   double holds = 0, hold_seconds = 0;
+  std::set<std::string> commits;  // the workers' prefix_commit in /admin/workers after the teaching requests
 };
 
-HoldRun prefix_hold_run(std::vector<std::string> router_args, std::vector<std::string> sim_args) {
+// With `teach`, streamed prompts of 4K token ids of their own are sent first, three at a time, until every
+// worker has served one: their first tokens teach the router when each worker makes blocks hits.
+HoldRun prefix_hold_run(std::vector<std::string> router_args, std::vector<std::string> sim_args, bool teach = false) {
   sim_args.insert(sim_args.end(), {"--speed", "2", "--num-gpu-blocks", "4000"});
   PreciseFleet fleet(/*events=*/true, "vllm", std::move(router_args), std::move(sim_args));
   fleet.wait_live();
   std::mt19937_64 rng(7);
   json::array prefix;
-  for (int t = 0; t < kHoldPrefix; ++t) prefix.push_back(static_cast<std::int64_t>(1000 + rng() % 50000));
+  for (std::uint64_t t = 0; t < kHoldPrefix; ++t) prefix.push_back(static_cast<std::int64_t>(1000 + rng() % 50000));
   auto body = [&](int tail, bool stream) {
     json::array prompt = prefix;
     for (int t = 0; t < 32; ++t) prompt.push_back(static_cast<std::int64_t>(60000 + tail * 100 + t));
@@ -199,6 +203,29 @@ HoldRun prefix_hold_run(std::vector<std::string> router_args, std::vector<std::s
     return c == std::string::npos ? 0 : std::stoull(text.substr(c + 16));
   };
   HoldRun run;
+  std::set<std::string> taught;
+  for (int round = 0; teach && taught.size() < 3 && round < 10; ++round) {
+    std::vector<std::thread> teachers;
+    std::mutex mu;
+    for (int k = 0; k < 3; ++k) {
+      teachers.emplace_back([&, k] {
+        json::array prompt;
+        for (int t = 0; t < 4096; ++t) prompt.push_back(static_cast<std::int64_t>(70000 + 20000 * round + 5000 * k + t));
+        json::object b{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 2}, {"stream", true}};
+        const auto r = http_stream(fleet.api(), "POST", "/v1/completions", json::serialize(b), {},
+                                   [](const std::string&, std::chrono::steady_clock::time_point) {});
+        EXPECT_EQ(r.status, 200) << r.error;
+        std::lock_guard lock(mu);
+        taught.insert(r.header("x-kvroute-worker"));
+      });
+    }
+    for (auto& t : teachers) t.join();
+  }
+  if (teach) {
+    EXPECT_EQ(taught.size(), 3u);
+    const auto workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
+    for (const auto& w : workers.at("workers").as_array()) run.commits.insert(std::string(w.at("prefix_commit").as_string()));
+  }
   std::string first_text;
   HttpResponse first;
   const auto sent = std::chrono::steady_clock::now();
@@ -264,6 +291,22 @@ TEST(PreciseE2E, ThePrefixHoldEndsWithTheWorkersEventOnEnginesThatCommitBlocksWh
   EXPECT_EQ(run.second_cached, kHoldPrefix);
   EXPECT_EQ(run.holds, 1.0);
   EXPECT_LT(run.second_sent_s + run.hold_seconds, run.first_ttft_s - 0.02);
+
+  // Once a worker's first tokens have shown it stores blocks when it schedules them, nothing is held there:
+  // the second request is admitted with the first one's second chunk and reads the whole prefix all the same.
+  const HoldRun taught = prefix_hold_run({}, {"--prefix-commit", "schedule"}, /*teach=*/true);
+  EXPECT_EQ(taught.commits, (std::set<std::string>{"at_schedule"}));
+  EXPECT_EQ(taught.second_worker, taught.first_worker);
+  EXPECT_EQ(taught.second_cached, kHoldPrefix);
+  EXPECT_EQ(taught.holds, 0.0);
+}
+
+// On workers that store blocks after the step, the teaching requests say so, and holds go on.
+TEST(PreciseE2E, WorkersThatStoreBlocksAfterTheStepAreLearnedAndHoldsGoOn) {
+  const HoldRun run = prefix_hold_run({}, {}, /*teach=*/true);
+  EXPECT_EQ(run.commits, (std::set<std::string>{"after_step"}));
+  EXPECT_EQ(run.second_cached, kHoldPrefix);
+  EXPECT_EQ(run.holds, 1.0);
 }
 
 TEST(PreciseE2E, RouterIndexEqualsWhatWorkersHoldAfterEvictingBurst) {

@@ -50,5 +50,48 @@ TEST(ComputingPrefixes, AFullyCachedRequestComputesNothing) {
   EXPECT_EQ(c.size(0), 0u);
 }
 
+// A chain of n blocks, distinct per seed.
+std::vector<BlockHash> blocks(std::size_t n, BlockHash seed) {
+  std::vector<BlockHash> c(n);
+  for (std::size_t i = 0; i < n; ++i) c[i] = seed * 100000 + i;
+  return c;
+}
+
+TEST(ComputingPrefixes, FirstTokensOfOneChunkPrefillsTeachWhenAWorkerCommitsBlocks) {
+  ComputingPrefixes c;
+  using Commit = ComputingPrefixes::Commit;
+  EXPECT_EQ(c.commit(0), Commit::kUnknown);
+  EXPECT_TRUE(c.holds_help(0));  // until shown otherwise
+  // Prefills outside 128-512 computed blocks teach nothing.
+  auto small = c.begin(0, blocks(100, 1), 0);
+  auto large = c.begin(0, blocks(600, 2), 0);
+  EXPECT_EQ(c.last_block(0, small), blocks(100, 1).back());
+  c.first_token(0, small, true);
+  c.first_token(0, large, true);
+  EXPECT_EQ(c.commit(0), Commit::kUnknown);
+  EXPECT_EQ(c.size(0), 0u);
+  // Stored by the first token: vLLM's timing; no holds there.
+  c.first_token(0, c.begin(0, blocks(300, 3), 0), true);
+  EXPECT_EQ(c.commit(0), Commit::kAtSchedule);
+  EXPECT_FALSE(c.holds_help(0));
+  // Not stored yet, twice: after the step.
+  c.first_token(0, c.begin(0, blocks(300, 4), 0), false);
+  c.first_token(0, c.begin(0, blocks(300, 5), 0), false);
+  EXPECT_EQ(c.commit(0), Commit::kAfterStep);
+  EXPECT_TRUE(c.holds_help(0));
+  EXPECT_EQ(c.commit(1), Commit::kUnknown);  // per worker
+  // Evidence saturates at three either way, so a worker that changes shows it within a few prefills.
+  for (int i = 0; i < 10; ++i) c.first_token(0, c.begin(0, blocks(300, 10 + i), 0), false);
+  for (int i = 0; i < 3; ++i) c.first_token(0, c.begin(0, blocks(300, 30 + i), 0), true);
+  EXPECT_EQ(c.commit(0), Commit::kUnknown);
+  c.first_token(0, c.begin(0, blocks(300, 40), 0), true);
+  EXPECT_EQ(c.commit(0), Commit::kAtSchedule);
+  // A removed worker's id starts over.
+  const auto open = c.begin(0, blocks(300, 50), 0);
+  c.forget(0);
+  EXPECT_EQ(c.commit(0), Commit::kUnknown);
+  EXPECT_FALSE(c.active(0, open));
+}
+
 }  // namespace
 }  // namespace kvroute::hashing

@@ -35,6 +35,22 @@ class PrefixHoldTest : public testing::Test {
     return std::move(*d);
   }
 
+  // A streamed prompt of 4,096 token ids of its own (256 blocks, one chunk): its first byte teaches the
+  // worker's commit timing. `stored`: the worker's KV events have stored its blocks by then.
+  void teach(bool stored, int seed) {
+    std::string body = R"({"model":"m","max_tokens":4,"stream":true,"prompt":[)";
+    for (int t = 0; t < 4096; ++t) body += std::to_string(100000 * seed + t) + (t + 1 < 4096 ? "," : "");
+    body += "]}";
+    auto parsed = parse_request(Endpoint::kCompletions, body, RequestHeaders{}, ParseOptions{});
+    ASSERT_TRUE(parsed) << parsed.error().message;
+    auto d = router_->route(*parsed);
+    ASSERT_TRUE(d);
+    ASSERT_TRUE(d->streamed);
+    if (stored) router_->index().store(0, parsed->chain.hashes, hashing::Tier::kGpu);
+    router_->first_byte(*d);
+    router_->complete(*d, Outcome{true, std::nullopt});
+  }
+
   Config config_;
   backends::WorkerRegistry registry_;
   RouterMetrics metrics_;
@@ -104,6 +120,27 @@ TEST_F(PrefixHoldTest, NoHoldInApproximateMode) {
   Decision a = route(16), b = route(32);
   EXPECT_EQ(b.hold_leader, 0u);
   for (Decision* d : {&a, &b}) router_->complete(*d, Outcome{true, std::nullopt});
+}
+
+TEST_F(PrefixHoldTest, NoHoldOnAWorkerThatStoresBlocksWhenItSchedulesThem) {
+  start("kv_cost", true);
+  EXPECT_EQ(router_->prefix_commit(0), "unknown");
+  teach(/*stored=*/true, 1);  // its event came before its first token: vLLM v1's timing
+  EXPECT_EQ(router_->prefix_commit(0), "at_schedule");
+  Decision first = route(16);
+  Decision second = route(32);
+  EXPECT_EQ(second.hold_leader, 0u);  // vLLM admits it with the first and it reads the prefix there
+  for (Decision* d : {&first, &second}) router_->complete(*d, Outcome{true, std::nullopt});
+}
+
+TEST_F(PrefixHoldTest, HoldsGoOnOnAWorkerThatStoresBlocksAfterTheStep) {
+  start("kv_cost", true);
+  teach(/*stored=*/false, 1);  // its first token came before the event: SGLang's timing
+  EXPECT_EQ(router_->prefix_commit(0), "after_step");
+  Decision first = route(16);
+  Decision second = route(32);
+  EXPECT_NE(second.hold_leader, 0u);
+  for (Decision* d : {&first, &second}) router_->complete(*d, Outcome{true, std::nullopt});
 }
 
 }  // namespace
