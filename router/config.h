@@ -60,7 +60,8 @@ struct Config {
   double session_ttl_s = 600;
   double session_margin_s = 0.25;  // policy::PolicyOptions explains the default
   // kv_cost holds a request whose prefix an earlier request is still computing on its worker (precise mode)
-  // for at most this long (hashing/computing_prefixes.h); 0 never holds. 0.4 s: the benchmark's default.
+  // for at most this long (hashing/computing_prefixes.h); 0 never holds. 0.4 s: the benchmark's default (1 s
+  // lost two synthetic-trace cells: a long prompt held behind another's prefill loses its place in the queue).
   double prefix_hold_s = 0.4;
   // Session bindings held at most (about 140 bytes each, plus keys longer than 15 bytes); beyond it the least
   // recently used is forgotten. Clients that send a new session id or `user` with every request would

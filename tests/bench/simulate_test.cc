@@ -56,6 +56,10 @@ TEST(ParseArgs, Errors) {
   auto items = parse_simulate_args({"--workload", "multi_turn", "--policies", "round_robin,,kv_cost,"});
   ASSERT_TRUE(items) << items.error().message;  // empty items of a list are skipped
   EXPECT_EQ(items->policies, (std::vector<std::string>{"round_robin", "kv_cost"}));
+  EXPECT_DOUBLE_EQ(items->sim.prefix_hold_s, 0.4);
+  auto no_hold = parse_simulate_args({"--workload", "multi_turn", "--prefix-hold", "0"});
+  ASSERT_TRUE(no_hold) << no_hold.error().message;
+  EXPECT_DOUBLE_EQ(no_hold->sim.prefix_hold_s, 0);
   EXPECT_EQ(ok->sim.prefix_commit, sim::PrefixCommit::kStepEnd);
   auto commit = parse_simulate_args({"--workload", "multi_turn", "--prefix-commit", "schedule"});
   ASSERT_TRUE(commit) << commit.error().message;
@@ -140,6 +144,44 @@ TEST(Simulate, ScheduleTimeCommitsGiveSameStepFollowersTheirPrefix) {
     EXPECT_GE(sched->policies[i].hit_rate, end->policies[i].hit_rate) << end->policies[i].name;
   }
   EXPECT_GT(sched->policies[0].hit_rate, end->policies[0].hit_rate);
+}
+
+// kv_cost's prefix hold, in the simulation as in the daemon: a request sent 50 ms after another with the same
+// 12K-token prefix (two 8K-token chunks) would be admitted with the first one's second chunk and, on workers
+// that store blocks after the step, compute those 4K tokens again; held until the first one's first token, it
+// reads the whole prefix. Where blocks are hits from the step that schedules them, it reads it all anyway.
+TEST(Simulate, PrefixHoldSavesRecomputingAPrefixBeingComputed) {
+  Workload w;
+  w.name = "two_requests";
+  for (int k = 0; k < 2; ++k) {
+    Request r;
+    r.arrival_s = 0.05 * k;
+    r.prompt_tokens = 12288 + 32;
+    r.output_tokens = 4;
+    r.chain.unit = hashing::Unit::kToken;
+    r.chain.block_units = 16;
+    r.chain.total_units = r.prompt_tokens;
+    for (std::uint64_t b = 0; b < 768; ++b) r.chain.hashes.push_back(1000 + b);  // the shared prefix
+    for (std::uint64_t b = 0; b < 2; ++b) r.chain.hashes.push_back(9000 + 10 * k + b);
+    w.requests.push_back(std::move(r));
+  }
+  finalize(w);
+  BenchConfig c;
+  c.sim.workers = 2;
+  c.policies = {"kv_cost"};
+  c.progress = false;
+  auto cached_share = [&](double hold, sim::PrefixCommit commit) {
+    c.sim.prefix_hold_s = hold;
+    c.sim.prefix_commit = commit;
+    auto r = run_policies(w, c, 1.0);
+    EXPECT_TRUE(r);
+    return r ? r->policies[0].hit_rate : 0.0;
+  };
+  const double prompt = 2.0 * (12288 + 32);
+  EXPECT_DOUBLE_EQ(cached_share(0.4, sim::PrefixCommit::kStepEnd), 12288 / prompt);
+  EXPECT_DOUBLE_EQ(cached_share(0, sim::PrefixCommit::kStepEnd), 8192 / prompt);
+  EXPECT_DOUBLE_EQ(cached_share(0, sim::PrefixCommit::kSchedule), 12288 / prompt);
+  EXPECT_DOUBLE_EQ(cached_share(0.4, sim::PrefixCommit::kSchedule), 12288 / prompt);
 }
 
 // The debug dump: one CSV per policy run, a header and one line per completed request, with the session's bound

@@ -29,7 +29,19 @@ TEST(Config, DefaultsMatchTheDocumentation) {
   EXPECT_EQ(c->priority_header, "x-kvroute-priority");
   EXPECT_EQ(c->shed_queue_depth, 5u);
   EXPECT_DOUBLE_EQ(c->shed_kv_usage, 0.8);
+  EXPECT_DOUBLE_EQ(c->prefix_hold_s, 0.4);
   EXPECT_TRUE(c->workers.empty());
+}
+
+TEST(Config, PrefixHold) {
+  auto c = parse({"--prefix-hold", "0"});
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_DOUBLE_EQ(c->prefix_hold_s, 0);  // never holds
+  c = parse({"--prefix-hold=1.5"});
+  ASSERT_TRUE(c) << c.error().message;
+  EXPECT_DOUBLE_EQ(c->prefix_hold_s, 1.5);
+  EXPECT_FALSE(parse({"--prefix-hold", "-1"}));
+  EXPECT_FALSE(parse({"--prefix-hold", "soon"}));
 }
 
 TEST(Config, SheddingThresholds) {

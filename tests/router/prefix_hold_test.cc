@@ -51,6 +51,10 @@ class PrefixHoldTest : public testing::Test {
     router_->complete(*d, Outcome{true, std::nullopt});
   }
 
+  void complete(std::initializer_list<Decision*> decisions) {
+    for (Decision* d : decisions) router_->complete(*d, Outcome{true, std::nullopt});
+  }
+
   Config config_;
   backends::WorkerRegistry registry_;
   RouterMetrics metrics_;
@@ -70,7 +74,7 @@ TEST_F(PrefixHoldTest, HeldUntilTheRequestComputingItsPrefixHasItsFirstByte) {
   EXPECT_FALSE(router_->prefix_held(second));
   router_->prefix_hold_ended(second);
   EXPECT_EQ(second.hold_leader, 0u);
-  for (Decision* d : {&first, &second, &with_session}) router_->complete(*d, Outcome{true, std::nullopt});
+  complete({&first, &second, &with_session});
 }
 
 TEST_F(PrefixHoldTest, HeldUntilTheWorkersEventStoresTheBlock) {
@@ -81,7 +85,7 @@ TEST_F(PrefixHoldTest, HeldUntilTheWorkersEventStoresTheBlock) {
   // The worker's KV event for the prefix's last block (the router's index moves it off the predicted tier).
   router_->index().store(0, std::vector<hashing::BlockHash>{second.hold_block}, hashing::Tier::kGpu);
   EXPECT_FALSE(router_->prefix_held(second));
-  for (Decision* d : {&first, &second}) router_->complete(*d, Outcome{true, std::nullopt});
+  complete({&first, &second});
 }
 
 TEST_F(PrefixHoldTest, HeldAtMostPrefixHoldAndNeverWithItAtZero) {
@@ -95,7 +99,7 @@ TEST_F(PrefixHoldTest, HeldAtMostPrefixHoldAndNeverWithItAtZero) {
   config_.prefix_hold_s = 0;
   Decision third = route(48);
   EXPECT_EQ(third.hold_leader, 0u);
-  for (Decision* d : {&first, &second, &third}) router_->complete(*d, Outcome{true, std::nullopt});
+  complete({&first, &second, &third});
 }
 
 TEST_F(PrefixHoldTest, ARequestThatEndedWithoutAFirstByteStopsTheHold) {
@@ -112,14 +116,14 @@ TEST_F(PrefixHoldTest, OnlyKvCostOnWorkersInPreciseModeHolds) {
   start("least_request", true);
   Decision a = route(16), b = route(32);
   EXPECT_EQ(b.hold_leader, 0u);
-  for (Decision* d : {&a, &b}) router_->complete(*d, Outcome{true, std::nullopt});
+  complete({&a, &b});
 }
 
 TEST_F(PrefixHoldTest, NoHoldInApproximateMode) {
   start("kv_cost", false);
   Decision a = route(16), b = route(32);
   EXPECT_EQ(b.hold_leader, 0u);
-  for (Decision* d : {&a, &b}) router_->complete(*d, Outcome{true, std::nullopt});
+  complete({&a, &b});
 }
 
 TEST_F(PrefixHoldTest, NoHoldOnAWorkerThatStoresBlocksWhenItSchedulesThem) {
@@ -130,7 +134,7 @@ TEST_F(PrefixHoldTest, NoHoldOnAWorkerThatStoresBlocksWhenItSchedulesThem) {
   Decision first = route(16);
   Decision second = route(32);
   EXPECT_EQ(second.hold_leader, 0u);  // vLLM admits it with the first and it reads the prefix there
-  for (Decision* d : {&first, &second}) router_->complete(*d, Outcome{true, std::nullopt});
+  complete({&first, &second});
 }
 
 TEST_F(PrefixHoldTest, HoldsGoOnOnAWorkerThatStoresBlocksAfterTheStep) {
@@ -140,7 +144,7 @@ TEST_F(PrefixHoldTest, HoldsGoOnOnAWorkerThatStoresBlocksAfterTheStep) {
   Decision first = route(16);
   Decision second = route(32);
   EXPECT_NE(second.hold_leader, 0u);
-  for (Decision* d : {&first, &second}) router_->complete(*d, Outcome{true, std::nullopt});
+  complete({&first, &second});
 }
 
 }  // namespace
