@@ -353,18 +353,9 @@ class FleetSim {
     f.first_token = t;
     f.cached = cached;
     ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
-    if (f.computing != 0) {
-      // What the router sees at a streamed first token: has the worker's event stored the last block this
-      // request computed? (Router::first_byte; hashing/computing_prefixes.h.)
-      apply_deliveries_of(w, t);
-      const auto last = computing_.last_block(w, f.computing);
-      const auto tier = last ? index_.tier(w, *last) : std::nullopt;
-      if (tier) {
-        computing_.first_token(w, f.computing, *tier != hashing::Tier::kPredicted);
-      } else {
-        computing_.end(w, f.computing);
-      }
-    }
+    // The router sees a streamed first token: when the worker's event stored the last block this request
+    // computed, against now, teaches the worker's commit timing (Router::first_byte).
+    computing_.first_token(w, f.computing, t, kBlockTokens / std::max(views_[w].prefill_tokens_per_s, 1.0));
     // Requests held for this one's prefix go now (the router sees its first byte).
     for (auto& h : ws.held)
       if (h.leader == f.computing) h.release_at = std::min(h.release_at, t);
@@ -394,6 +385,9 @@ class FleetSim {
   void kv_event(WorkerId w, Delivery::Kind kind, sim::Medium m, std::span<const std::uint64_t> h, double t) {
     if (run_.mode != IndexMode::kPrecise) return;
     WorkerState& ws = workers_[w];
+    // When the router will have the event: for the commit timing of prefix holds (Router's store listener).
+    if (kind == Delivery::kStored && m == sim::Medium::kGpu && holds_)
+      computing_.stored(w, h, t + std::max(o_.event_delay_s, 0.0));
     if (kind == Delivery::kStored && m == sim::Medium::kGpu && !ws.held.empty()) {
       // A held request also goes once the worker's event says its prefix's last block is stored, when that
       // event reaches the router (engines that make blocks hits when they schedule them say so at once).
@@ -410,16 +404,12 @@ class FleetSim {
 
   void apply_deliveries(double now) {
     if (run_.mode != IndexMode::kPrecise) return;
-    for (std::size_t e = 0; e < n_; ++e) apply_deliveries_of(static_cast<WorkerId>(e), now);
-  }
-
-  // The worker's KV events that have reached the router by `now` (its own engine emitted them, so applying
-  // them while other engines lag behind changes nothing they see).
-  void apply_deliveries_of(WorkerId w, double now) {
-    auto& q = workers_[w].deliveries;
-    while (!q.empty() && q.front().t <= now) {
-      apply(w, q.front().kind, q.front().medium, q.front().hashes);
-      q.pop_front();
+    for (std::size_t e = 0; e < n_; ++e) {
+      auto& q = workers_[e].deliveries;
+      while (!q.empty() && q.front().t <= now) {
+        apply(static_cast<WorkerId>(e), q.front().kind, q.front().medium, q.front().hashes);
+        q.pop_front();
+      }
     }
   }
 
@@ -537,7 +527,7 @@ class FleetSim {
     if (mb > 0 && r.session == 0 && computing_.holds_help(w) &&
         index_.tier(w, r.chain.hashes[mb - 1]) == hashing::Tier::kPredicted)
       leader = computing_.computing(w, mb - 1, r.chain.hashes[mb - 1]).value_or(0);
-    if (holds_) f.computing = computing_.begin(w, r.chain.hashes, mb);
+    if (holds_) f.computing = computing_.begin(w, r.chain.hashes, mb, t);
 
     // 4. The observer's updates, then the request goes to the worker.
     if (holds_) {

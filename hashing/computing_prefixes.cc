@@ -5,12 +5,13 @@
 namespace kvroute::hashing {
 
 ComputingPrefixes::Token ComputingPrefixes::begin(WorkerId worker, std::span<const BlockHash> chain,
-                                                  std::size_t from) {
+                                                  std::size_t from, double now) {
   if (from >= chain.size()) return 0;
   std::lock_guard lock(mu_);
   if (worker >= workers_.size()) workers_.resize(static_cast<std::size_t>(worker) + 1);
   const Token t = next_++;
-  workers_[worker].entries.push_back(Entry{t, from, std::vector<BlockHash>(chain.begin() + static_cast<std::ptrdiff_t>(from), chain.end())});
+  workers_[worker].entries.push_back(
+      Entry{t, from, std::vector<BlockHash>(chain.begin() + static_cast<std::ptrdiff_t>(from), chain.end()), now});
   return t;
 }
 
@@ -24,26 +25,28 @@ void ComputingPrefixes::end(WorkerId worker, Token token) {
   if (it != list.end()) list.erase(it);
 }
 
-void ComputingPrefixes::first_token(WorkerId worker, Token token, bool last_block_stored) {
+void ComputingPrefixes::stored(WorkerId worker, std::span<const BlockHash> blocks, double now) {
+  std::lock_guard lock(mu_);
+  if (worker >= workers_.size()) return;
+  for (Entry& e : workers_[worker].entries) {
+    if (e.stored_at < 0 && std::find(blocks.begin(), blocks.end(), e.blocks.back()) != blocks.end()) e.stored_at = now;
+  }
+}
+
+void ComputingPrefixes::first_token(WorkerId worker, Token token, double now, double seconds_per_block) {
   if (token == 0) return;
   std::lock_guard lock(mu_);
   if (worker >= workers_.size()) return;
   Worker& w = workers_[worker];
   auto it = std::find_if(w.entries.begin(), w.entries.end(), [&](const Entry& e) { return e.token == token; });
   if (it == w.entries.end()) return;
-  if (it->blocks.size() >= kTeachMinBlocks && it->blocks.size() <= kTeachMaxBlocks) {
-    w.commits_at_schedule = std::clamp(w.commits_at_schedule + (last_block_stored ? 1 : -1), -3, 3);
+  const std::size_t n = it->blocks.size();
+  if (n >= kTeachMinBlocks && n <= kTeachMaxBlocks) {
+    const double margin = 0.5 * std::min(static_cast<double>(n) * seconds_per_block, now - it->began_at);
+    const bool at_schedule = it->stored_at >= 0 && now - it->stored_at >= margin;
+    w.commits_at_schedule = std::clamp(w.commits_at_schedule + (at_schedule ? 1 : -1), -3, 3);
   }
   w.entries.erase(it);
-}
-
-std::optional<BlockHash> ComputingPrefixes::last_block(WorkerId worker, Token token) const {
-  std::lock_guard lock(mu_);
-  if (worker >= workers_.size()) return std::nullopt;
-  for (const Entry& e : workers_[worker].entries) {
-    if (e.token == token) return e.blocks.back();
-  }
-  return std::nullopt;
 }
 
 ComputingPrefixes::Commit ComputingPrefixes::commit(WorkerId worker) const {

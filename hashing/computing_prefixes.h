@@ -16,11 +16,14 @@
 //
 // Holding helps only on engines that make blocks hits after the step that computes them. vLLM v1 makes them
 // hits when it schedules them (and its KV events say so then), so a request admitted with the one computing
-// its prefix already reads it there. The router tells the two apart from what it sees at a streamed request's
-// first token: whether the worker's KV event has already stored the last block the request computed. A
-// prefill of 2K-8K tokens (one chunk, long enough to outlast the events' delay) decides: stored means the
-// worker stores blocks when it schedules them, and holds there stop; not yet stored means after the step.
-// Until a worker has shown either, holds are allowed (the cost of one on vLLM is bounded by the hold).
+// its prefix already reads it there. The router tells the two apart from when a one-chunk prefill's blocks
+// are stored: it notes when the worker's KV event stores the last block a request computes (stored()), and at
+// the request's streamed first token compares. Stored at least half the prefill's time before the first token
+// (the shorter of its expected time and the time since dispatch) means the worker stores blocks when it
+// schedules them, and holds there stop; stored later, or not yet, means after the step (the event and the
+// first token then race, so the margin matters). Prefills of
+// 4K-8K tokens decide: one chunk of vLLM's and SGLang's defaults, and long enough to outlast the events'
+// delay. Until a worker has shown either, holds are allowed (the cost of one on vLLM is bounded by the hold).
 //
 // Entries live from dispatch to the first token, so at most one per request in prefill. Thread-safe.
 #pragma once
@@ -40,25 +43,26 @@ class ComputingPrefixes {
  public:
   using Token = std::uint64_t;  // 0: nothing registered
 
-  // A request sent to `worker` computes blocks [from, chain.size()) of `chain`. Returns its token, 0 when it
-  // computes no full block.
-  Token begin(WorkerId worker, std::span<const BlockHash> chain, std::size_t from);
+  // A request sent to `worker` at `now` (seconds on the caller's clock) computes blocks [from, chain.size()) of
+  // `chain`. Returns its token, 0 when it computes no full block.
+  Token begin(WorkerId worker, std::span<const BlockHash> chain, std::size_t from, double now = 0);
   // It ended without a first token (or one that says nothing of its prefill, such as a non-streamed
   // response's): its blocks are no longer being computed. No-op for 0.
   void end(WorkerId worker, Token token);
-  // Its first token came; `last_block_stored`: whether the worker's KV event had stored the last block it
-  // computes by then. Ends it, and from a prefill of one chunk teaches the worker's commit timing.
-  void first_token(WorkerId worker, Token token, bool last_block_stored);
-  // The last block the request computes.
-  std::optional<BlockHash> last_block(WorkerId worker, Token token) const;
+  // The worker's KV event stored these blocks, at time `now` (seconds on the caller's clock): notes it for
+  // the requests in prefill there whose last computed block is among them.
+  void stored(WorkerId worker, std::span<const BlockHash> blocks, double now);
+  // Its first token came at `now`. Ends it, and from a prefill of one chunk teaches the worker's commit
+  // timing; `seconds_per_block` is the worker's prefill time per block (the expected prefill sets the margin).
+  void first_token(WorkerId worker, Token token, double now, double seconds_per_block);
   // When the worker makes computed blocks hits, as its first tokens and events have shown so far.
   enum class Commit { kUnknown, kAfterStep, kAtSchedule };
   Commit commit(WorkerId worker) const;
   // Whether a hold can help on this worker: not once it has shown that it stores blocks when it schedules
   // them.
   bool holds_help(WorkerId worker) const { return commit(worker) != Commit::kAtSchedule; }
-  // Prefills of this many computed blocks teach the commit timing: 2K-8K tokens of 16-token blocks.
-  static constexpr std::size_t kTeachMinBlocks = 128, kTeachMaxBlocks = 512;
+  // Prefills of this many computed blocks teach the commit timing: 4K-8K tokens of 16-token blocks.
+  static constexpr std::size_t kTeachMinBlocks = 256, kTeachMaxBlocks = 512;
   // The earliest registered request on `worker` still computing `block` as block `pos` of its chain (chained
   // hashes: the same block at the same position is the same prefix).
   std::optional<Token> computing(WorkerId worker, std::size_t pos, BlockHash block) const;
@@ -73,6 +77,8 @@ class ComputingPrefixes {
     Token token;
     std::size_t from;
     std::vector<BlockHash> blocks;  // chain[from..]
+    double began_at = 0;            // when it was sent
+    double stored_at = -1;          // when the worker's event stored blocks.back(); -1: not yet
   };
   struct Worker {
     std::vector<Entry> entries;  // in registration order

@@ -241,8 +241,11 @@ void PrefixIndex::record_routed(WorkerId worker, std::span<const BlockHash> chai
 }
 
 void PrefixIndex::store(WorkerId worker, std::span<const BlockHash> blocks, Tier tier) {
-  std::unique_lock lock(mu_);
-  for (BlockHash h : blocks) touch(worker, h, tier);
+  {
+    std::unique_lock lock(mu_);
+    for (BlockHash h : blocks) touch(worker, h, tier);
+  }
+  if (store_listener_) store_listener_(worker, blocks);
 }
 
 void PrefixIndex::expect(WorkerId worker, std::span<const BlockHash> chain) {

@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <shared_mutex>
@@ -68,6 +69,10 @@ class PrefixIndex {
   // Precise mode: apply a worker's own events. store() inserts or moves blocks to `tier` and marks them
   // most recently used, in the order given.
   void store(WorkerId worker, std::span<const BlockHash> blocks, Tier tier);
+  // Called after each store() with its worker and blocks, outside the index's lock (the router notes when
+  // the blocks of requests in prefill are stored: hashing/computing_prefixes.h). Set it before events flow.
+  using StoreListener = std::function<void(WorkerId, std::span<const BlockHash>)>;
+  void set_store_listener(StoreListener listener) { store_listener_ = std::move(listener); }
   // Precise mode, at routing time: blocks of `chain` the worker is not known to hold are added on the
   // kPredicted tier; entries it already has keep their tier. The worker's events then confirm them (store()
   // moves them to their real tier) or the router drops them with drop_unconfirmed() when the request ends.
@@ -192,6 +197,7 @@ class PrefixIndex {
   std::size_t used_slots_ = 0;                  // guarded by mu_
   int table_bits_ = 0;                          // guarded by mu_
   std::vector<WorkerLru> workers_;              // guarded by mu_
+  StoreListener store_listener_;                // set once, before concurrent use
 };
 
 }  // namespace kvroute::hashing

@@ -5,6 +5,13 @@
 #include <utility>
 
 namespace kvroute::router {
+namespace {
+
+double seconds_since_epoch(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
+}  // namespace
 
 namespace {
 // splitmix64: a stateless mix of the request number into the policy's random draw (reproducible runs).
@@ -41,6 +48,10 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
       metrics_(metrics),
       sessions_(config.max_sessions),
       response_owners_(config.response_ids) {
+  // When workers' events store the blocks of requests in prefill, for the commit timing of prefix holds.
+  index_.set_store_listener([this](hashing::WorkerId w, std::span<const hashing::BlockHash> blocks) {
+    computing_.stored(w, blocks, seconds_since_epoch(std::chrono::steady_clock::now()));
+  });
   registry_.subscribe({
       [this](const backends::Worker& w) {
         metrics_.add_worker(w.id(), w.name());
@@ -186,7 +197,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
                                   std::chrono::duration<double>(config_.prefix_hold_s));
         }
       }
-      d.computing = computing_.begin(id, request.chain.hashes, m);
+      d.computing = computing_.begin(id, request.chain.hashes, m, seconds_since_epoch(t0));
     }
     index_.expect(d.worker->id(), request.chain.hashes);
     d.expected = request.chain.hashes;
@@ -309,13 +320,13 @@ void Router::first_byte(Decision& d) {
   d.ttft_s = std::chrono::duration<double>(d.first_byte_at - d.start).count();
   d.worker->first_token(d.uncached_tokens, d.prompt_tokens);
   if (const auto token = std::exchange(d.computing, 0); token != 0) {
-    // A streamed request's first byte is its first token: whether the worker's event has stored the last
-    // block it computed by now tells when the worker makes blocks hits (hashing/computing_prefixes.h).
+    // A streamed request's first byte is its first token: when the worker's event stored the last block it
+    // computed, against now, tells when the worker makes blocks hits (hashing/computing_prefixes.h).
     const auto id = d.worker->id();
-    const auto last = d.streamed ? computing_.last_block(id, token) : std::nullopt;
-    const auto tier = last ? index_.tier(id, *last) : std::nullopt;
-    if (tier) {
-      computing_.first_token(id, token, *tier != hashing::Tier::kPredicted);
+    if (d.streamed) {
+      const double per_block = static_cast<double>(config_.block_tokens) /
+                               std::max(learner_.rates(id).prefill_tokens_per_s, 1.0);
+      computing_.first_token(id, token, seconds_since_epoch(d.first_byte_at), per_block);
     } else {
       computing_.end(id, token);
     }

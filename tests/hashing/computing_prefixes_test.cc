@@ -60,31 +60,57 @@ std::vector<BlockHash> blocks(std::size_t n, BlockHash seed) {
 TEST(ComputingPrefixes, FirstTokensOfOneChunkPrefillsTeachWhenAWorkerCommitsBlocks) {
   ComputingPrefixes c;
   using Commit = ComputingPrefixes::Commit;
+  constexpr double kPerBlock = 0.001;  // 300 blocks: 0.3 s of prefill, so a 0.15 s margin
+  // A request computing `n` blocks, its last stored at `stored_at` (< 0: never), its first token at 1.0.
+  auto prefill = [&](WorkerId w, std::size_t n, BlockHash seed, double stored_at) {
+    const auto chain = blocks(n, seed);
+    const auto t = c.begin(w, chain, 0, /*now=*/0.0);
+    if (stored_at >= 0) c.stored(w, std::span(chain).last(1), stored_at);
+    c.first_token(w, t, 1.0, kPerBlock);
+  };
   EXPECT_EQ(c.commit(0), Commit::kUnknown);
   EXPECT_TRUE(c.holds_help(0));  // until shown otherwise
-  // Prefills outside 128-512 computed blocks teach nothing.
-  auto small = c.begin(0, blocks(100, 1), 0);
-  auto large = c.begin(0, blocks(600, 2), 0);
-  EXPECT_EQ(c.last_block(0, small), blocks(100, 1).back());
-  c.first_token(0, small, true);
-  c.first_token(0, large, true);
+  // Prefills outside 256-512 computed blocks teach nothing.
+  prefill(0, 200, 1, 0.2);
+  prefill(0, 600, 2, 0.2);
   EXPECT_EQ(c.commit(0), Commit::kUnknown);
   EXPECT_EQ(c.size(0), 0u);
-  // Stored by the first token: vLLM's timing; no holds there.
-  c.first_token(0, c.begin(0, blocks(300, 3), 0), true);
+  // Stored 0.8 s before the first token: when scheduled (vLLM v1); no holds there.
+  prefill(0, 300, 3, 0.2);
   EXPECT_EQ(c.commit(0), Commit::kAtSchedule);
   EXPECT_FALSE(c.holds_help(0));
-  // Not stored yet, twice: after the step.
-  c.first_token(0, c.begin(0, blocks(300, 4), 0), false);
-  c.first_token(0, c.begin(0, blocks(300, 5), 0), false);
+  // The margin is half the shorter of the expected prefill and the time since dispatch: sent at 0.9, stored at
+  // 0.92, first token at 1.0 is stored 0.08 s before it, at least half of 0.1 s.
+  {
+    const auto chain = blocks(300, 7);
+    const auto t = c.begin(0, chain, 0, 0.9);
+    c.stored(0, std::span(chain).last(1), 0.92);
+    c.first_token(0, t, 1.0, kPerBlock);
+  }
+  EXPECT_EQ(c.commit(0), Commit::kAtSchedule);
+  // Stored within the margin of the first token (the event and the token raced), then not at all: after
+  // the step.
+  prefill(0, 300, 4, 0.9);
+  prefill(0, 300, 5, -1);
+  EXPECT_EQ(c.commit(0), Commit::kUnknown);  // two each way
+  prefill(0, 300, 8, -1);
   EXPECT_EQ(c.commit(0), Commit::kAfterStep);
   EXPECT_TRUE(c.holds_help(0));
   EXPECT_EQ(c.commit(1), Commit::kUnknown);  // per worker
+  // Blocks stored that are not a request's last, or on another worker, say nothing of it.
+  {
+    const auto chain = blocks(300, 6);
+    const auto t = c.begin(0, chain, 0);
+    c.stored(0, std::span(chain).first(10), 0.1);
+    c.stored(1, std::span(chain).last(1), 0.1);
+    c.first_token(0, t, 1.0, kPerBlock);
+  }
+  EXPECT_EQ(c.commit(0), Commit::kAfterStep);
   // Evidence saturates at three either way, so a worker that changes shows it within a few prefills.
-  for (int i = 0; i < 10; ++i) c.first_token(0, c.begin(0, blocks(300, 10 + i), 0), false);
-  for (int i = 0; i < 3; ++i) c.first_token(0, c.begin(0, blocks(300, 30 + i), 0), true);
+  for (int i = 0; i < 10; ++i) prefill(0, 300, 10 + i, -1);
+  for (int i = 0; i < 3; ++i) prefill(0, 300, 30 + i, 0.1);
   EXPECT_EQ(c.commit(0), Commit::kUnknown);
-  c.first_token(0, c.begin(0, blocks(300, 40), 0), true);
+  prefill(0, 300, 40, 0.1);
   EXPECT_EQ(c.commit(0), Commit::kAtSchedule);
   // A removed worker's id starts over.
   const auto open = c.begin(0, blocks(300, 50), 0);
