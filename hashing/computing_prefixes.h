@@ -10,9 +10,10 @@
 // simulation keep it the same way.
 //
 //   ComputingPrefixes c;
-//   auto t = c.begin(w, chain, /*from=*/matched);    // routed: computes chain[matched..]
+//   auto t = c.begin(w, chain, /*from=*/matched, now);          // routed: computes chain[matched..]
 //   if (auto leader = c.computing(w, m - 1, other[m - 1])) ...   // another request's prefix of m blocks
-//   c.end(w, t);                                     // its first token
+//   c.stored(w, event_blocks, now);                              // the worker's KV event
+//   c.first_token(w, t, now, seconds_per_block);                 // its first token (c.end(w, t) if none)
 //
 // Holding helps only on engines that make blocks hits after the step that computes them. vLLM v1 makes them
 // hits when it schedules them (and its KV events say so then), so a request admitted with the one computing
@@ -21,9 +22,9 @@
 // the request's streamed first token compares. Stored at least half the prefill's time before the first token
 // (the shorter of its expected time and the time since dispatch) means the worker stores blocks when it
 // schedules them, and holds there stop; stored later, or not yet, means after the step (the event and the
-// first token then race, so the margin matters). Prefills of
-// 4K-8K tokens decide: one chunk of vLLM's and SGLang's defaults, and long enough to outlast the events'
-// delay. Until a worker has shown either, holds are allowed (the cost of one on vLLM is bounded by the hold).
+// first token then race, so the margin matters). Prefills of 4K-8K tokens decide: one chunk of vLLM's and
+// SGLang's defaults, and long enough to outlast the events' delay. Until a worker has shown either, holds are
+// allowed (the cost of one on vLLM is bounded by the hold).
 //
 // Entries live from dispatch to the first token, so at most one per request in prefill. Thread-safe.
 #pragma once

@@ -7,13 +7,11 @@
 namespace kvroute::router {
 namespace {
 
+// Seconds on the steady clock, the time ComputingPrefixes is given.
 double seconds_since_epoch(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(t.time_since_epoch()).count();
 }
 
-}  // namespace
-
-namespace {
 // splitmix64: a stateless mix of the request number into the policy's random draw (reproducible runs).
 std::uint64_t mix(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;

@@ -95,7 +95,8 @@ class Router {
   // request's first byte came or it ended, the worker's KV event stored the block, --prefix-hold passed, or
   // the block left the index; then calls prefix_hold_ended(). An engine that makes blocks hits only after the
   // step computing them (SGLang) would otherwise compute the prefix again for a request admitted meanwhile;
-  // one that makes them hits when scheduled (vLLM v1) stores them, and says so, at once.
+  // one that makes them hits when scheduled (vLLM v1) stores them, and says so, at once, and once a worker
+  // has shown that (prefix_commit()), nothing is held there.
   bool prefix_held(const Decision& d) const;
   void prefix_hold_ended(Decision& d);
   // When the worker makes computed blocks cache hits, as learned from its streamed first tokens and KV events
@@ -163,10 +164,12 @@ class Router {
   backends::WorkerRegistry& registry_;
   std::unique_ptr<policy::RoutingPolicy> policy_;
   RouterMetrics& metrics_;
+  // Prefixes being computed, for prefix holds (kv_cost, precise mode); before the index, whose store listener
+  // writes it, so that it outlives the index.
+  hashing::ComputingPrefixes computing_;
   hashing::PrefixIndex index_;
   policy::RateLearner learner_;
   CachePools cache_pools_;  // each pool's capacity as one cache, for kvroute_fleet_cache_hit_tokens_total
-  hashing::ComputingPrefixes computing_;  // prefixes being computed, for prefix holds (kv_cost, precise mode)
   std::atomic<std::uint64_t> sequence_{0};
 
   // At most --max-sessions bindings, the least recently used forgotten first; idle ones expire off the old end.
