@@ -355,7 +355,7 @@ class FleetSim {
     ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
     // The router sees a streamed first token: when the worker's event stored the last block this request
     // computed, against now, teaches the worker's commit timing (Router::first_byte).
-    computing_.first_token(w, f.computing, t, kBlockTokens / std::max(views_[w].prefill_tokens_per_s, 1.0));
+    computing_.first_token(w, f.computing, t);
     // Requests held for this one's prefix go now (the router sees its first byte).
     for (auto& h : ws.held)
       if (h.leader == f.computing) h.release_at = std::min(h.release_at, t);

@@ -33,7 +33,7 @@ void ComputingPrefixes::stored(WorkerId worker, std::span<const BlockHash> block
   }
 }
 
-void ComputingPrefixes::first_token(WorkerId worker, Token token, double now, double seconds_per_block) {
+void ComputingPrefixes::first_token(WorkerId worker, Token token, double now) {
   if (token == 0) return;
   std::lock_guard lock(mu_);
   if (worker >= workers_.size()) return;
@@ -42,7 +42,7 @@ void ComputingPrefixes::first_token(WorkerId worker, Token token, double now, do
   if (it == w.entries.end()) return;
   const std::size_t n = it->blocks.size();
   if (n >= kTeachMinBlocks && n <= kTeachMaxBlocks) {
-    const double margin = 0.5 * std::min(static_cast<double>(n) * seconds_per_block, now - it->began_at);
+    const double margin = 0.25 * (now - it->began_at);
     const bool at_schedule = it->stored_at >= 0 && now - it->stored_at >= margin;
     w.commits_at_schedule = std::clamp(w.commits_at_schedule + (at_schedule ? 1 : -1), -3, 3);
   }

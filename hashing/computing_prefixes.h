@@ -13,18 +13,19 @@
 //   auto t = c.begin(w, chain, /*from=*/matched, now);          // routed: computes chain[matched..]
 //   if (auto leader = c.computing(w, m - 1, other[m - 1])) ...   // another request's prefix of m blocks
 //   c.stored(w, event_blocks, now);                              // the worker's KV event
-//   c.first_token(w, t, now, seconds_per_block);                 // its first token (c.end(w, t) if none)
+//   c.first_token(w, t, now);                                    // its first token (c.end(w, t) if none)
 //
 // Holding helps only on engines that make blocks hits after the step that computes them. vLLM v1 makes them
 // hits when it schedules them (and its KV events say so then), so a request admitted with the one computing
 // its prefix already reads it there. The router tells the two apart from when a one-chunk prefill's blocks
 // are stored: it notes when the worker's KV event stores the last block a request computes (stored()), and at
-// the request's streamed first token compares. Stored at least half the prefill's time before the first token
-// (the shorter of its expected time and the time since dispatch) means the worker stores blocks when it
-// schedules them, and holds there stop; stored later, or not yet, means after the step (the event and the
-// first token then race, so the margin matters). Prefills of 4K-8K tokens decide: one chunk of vLLM's and
-// SGLang's defaults, and long enough to outlast the events' delay. Until a worker has shown either, holds are
-// allowed (the cost of one on vLLM is bounded by the hold).
+// the request's streamed first token compares. Stored in the first three quarters of the time from dispatch to
+// the first token means the worker stores blocks when it schedules them, and holds there stop; stored later,
+// or not yet, means after the step (then the event and the first token race, so the margin matters; a long
+// queue before the prefill can make a vLLM worker look like the other kind, which only keeps holds allowed
+// there). Prefills of 4K-8K tokens decide: one chunk of vLLM's and SGLang's defaults, and long enough to
+// outlast the events' delay. Until a worker has shown either, holds are allowed (the cost of one on vLLM is
+// bounded by the hold).
 //
 // Entries live from dispatch to the first token, so at most one per request in prefill. Thread-safe.
 #pragma once
@@ -53,9 +54,8 @@ class ComputingPrefixes {
   // The worker's KV event stored these blocks, at time `now` (seconds on the caller's clock): notes it for
   // the requests in prefill there whose last computed block is among them.
   void stored(WorkerId worker, std::span<const BlockHash> blocks, double now);
-  // Its first token came at `now`. Ends it, and from a prefill of one chunk teaches the worker's commit
-  // timing; `seconds_per_block` is the worker's prefill time per block (the expected prefill sets the margin).
-  void first_token(WorkerId worker, Token token, double now, double seconds_per_block);
+  // Its first token came at `now`. Ends it, and from a prefill of one chunk teaches the worker's commit timing.
+  void first_token(WorkerId worker, Token token, double now);
   // When the worker makes computed blocks hits, as its first tokens and events have shown so far.
   enum class Commit { kUnknown, kAfterStep, kAtSchedule };
   Commit commit(WorkerId worker) const;

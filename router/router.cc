@@ -322,9 +322,7 @@ void Router::first_byte(Decision& d) {
     // computed, against now, tells when the worker makes blocks hits (hashing/computing_prefixes.h).
     const auto id = d.worker->id();
     if (d.streamed) {
-      const double per_block = static_cast<double>(config_.block_tokens) /
-                               std::max(learner_.rates(id).prefill_tokens_per_s, 1.0);
-      computing_.first_token(id, token, seconds_since_epoch(d.first_byte_at), per_block);
+      computing_.first_token(id, token, seconds_since_epoch(d.first_byte_at));
     } else {
       computing_.end(id, token);
     }

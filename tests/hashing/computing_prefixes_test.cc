@@ -60,13 +60,13 @@ std::vector<BlockHash> blocks(std::size_t n, BlockHash seed) {
 TEST(ComputingPrefixes, FirstTokensOfOneChunkPrefillsTeachWhenAWorkerCommitsBlocks) {
   ComputingPrefixes c;
   using Commit = ComputingPrefixes::Commit;
-  constexpr double kPerBlock = 0.001;  // 300 blocks: 0.3 s of prefill, so a 0.15 s margin
-  // A request computing `n` blocks, its last stored at `stored_at` (< 0: never), its first token at 1.0.
+  // A request computing `n` blocks, sent at 0, its last block stored at `stored_at` (< 0: never), its first
+  // token at 1.0: stored at 0.75 or before means at schedule.
   auto prefill = [&](WorkerId w, std::size_t n, BlockHash seed, double stored_at) {
     const auto chain = blocks(n, seed);
     const auto t = c.begin(w, chain, 0, /*now=*/0.0);
     if (stored_at >= 0) c.stored(w, std::span(chain).last(1), stored_at);
-    c.first_token(w, t, 1.0, kPerBlock);
+    c.first_token(w, t, 1.0);
   };
   EXPECT_EQ(c.commit(0), Commit::kUnknown);
   EXPECT_TRUE(c.holds_help(0));  // until shown otherwise
@@ -79,13 +79,12 @@ TEST(ComputingPrefixes, FirstTokensOfOneChunkPrefillsTeachWhenAWorkerCommitsBloc
   prefill(0, 300, 3, 0.2);
   EXPECT_EQ(c.commit(0), Commit::kAtSchedule);
   EXPECT_FALSE(c.holds_help(0));
-  // The margin is half the shorter of the expected prefill and the time since dispatch: sent at 0.9, stored at
-  // 0.92, first token at 1.0 is stored 0.08 s before it, at least half of 0.1 s.
+  // The margin is a quarter of the time since dispatch: sent at 0.9, stored at 0.92, first token at 1.0.
   {
     const auto chain = blocks(300, 7);
     const auto t = c.begin(0, chain, 0, 0.9);
     c.stored(0, std::span(chain).last(1), 0.92);
-    c.first_token(0, t, 1.0, kPerBlock);
+    c.first_token(0, t, 1.0);
   }
   EXPECT_EQ(c.commit(0), Commit::kAtSchedule);
   // Stored within the margin of the first token (the event and the token raced), then not at all: after
@@ -103,7 +102,7 @@ TEST(ComputingPrefixes, FirstTokensOfOneChunkPrefillsTeachWhenAWorkerCommitsBloc
     const auto t = c.begin(0, chain, 0);
     c.stored(0, std::span(chain).first(10), 0.1);
     c.stored(1, std::span(chain).last(1), 0.1);
-    c.first_token(0, t, 1.0, kPerBlock);
+    c.first_token(0, t, 1.0);
   }
   EXPECT_EQ(c.commit(0), Commit::kAfterStep);
   // Evidence saturates at three either way, so a worker that changes shows it within a few prefills.

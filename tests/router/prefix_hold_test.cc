@@ -46,10 +46,10 @@ class PrefixHoldTest : public testing::Test {
     auto d = router_->route(*parsed);
     ASSERT_TRUE(d);
     ASSERT_TRUE(d->streamed);
-    // The event: at once (the worker stored the blocks when it scheduled them), or with the first token.
+    // The event: at once (the worker stored the blocks when it scheduled them), or with the first token after
+    // the prefill.
     if (stored) router_->index().store(0, parsed->chain.hashes, hashing::Tier::kGpu);
-    // Its prefill: 4,096 tokens at the assumed 20,000/s take 0.2 s, and half of that is the margin.
-    std::this_thread::sleep_for(std::chrono::milliseconds(120));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (!stored) router_->index().store(0, parsed->chain.hashes, hashing::Tier::kGpu);
     router_->first_byte(*d);
     router_->complete(*d, Outcome{true, std::nullopt});
