@@ -385,15 +385,14 @@ class FleetSim {
   void kv_event(WorkerId w, Delivery::Kind kind, sim::Medium m, std::span<const std::uint64_t> h, double t) {
     if (run_.mode != IndexMode::kPrecise) return;
     WorkerState& ws = workers_[w];
-    // When the router will have the event: for the commit timing of prefix holds (Router's store listener).
-    if (kind == Delivery::kStored && m == sim::Medium::kGpu && holds_)
-      computing_.stored(w, h, t + std::max(o_.event_delay_s, 0.0));
-    if (kind == Delivery::kStored && m == sim::Medium::kGpu && !ws.held.empty()) {
-      // A held request also goes once the worker's event says its prefix's last block is stored, when that
-      // event reaches the router (engines that make blocks hits when they schedule them say so at once).
+    if (kind == Delivery::kStored && m == sim::Medium::kGpu && holds_) {
+      // When the router will have the event: the commit timing of prefix holds (Router's store listener) and
+      // the release of requests held for one of these blocks (engines that make blocks hits when they
+      // schedule them say so at once).
+      const double arrives = t + std::max(o_.event_delay_s, 0.0);
+      computing_.stored(w, h, arrives);
       for (auto& hd : ws.held)
-        if (std::find(h.begin(), h.end(), hd.block) != h.end())
-          hd.release_at = std::min(hd.release_at, t + std::max(o_.event_delay_s, 0.0));
+        if (std::find(h.begin(), h.end(), hd.block) != h.end()) hd.release_at = std::min(hd.release_at, arrives);
     }
     if (o_.event_delay_s <= 0) {
       apply(w, kind, m, h);
