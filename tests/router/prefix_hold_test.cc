@@ -2,6 +2,7 @@
 // earlier request is still computing is held until that request's first byte, the worker's KV event storing
 // the block, or --prefix-hold.
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -55,6 +56,17 @@ class PrefixHoldTest : public testing::Test {
     router_->complete(*d, Outcome{true, std::nullopt});
   }
 
+  // Routes two requests on one prefix, checks that the second is held, lets `release` act on them, and checks
+  // that the hold is over.
+  void expect_released_by(const std::function<void(Decision& first, Decision& second)>& release) {
+    Decision first = route(16);
+    Decision second = route(32);
+    ASSERT_TRUE(router_->prefix_held(second));
+    release(first, second);
+    EXPECT_FALSE(router_->prefix_held(second));
+    complete({&first, &second});
+  }
+
   void complete(std::initializer_list<Decision*> decisions) {
     for (Decision* d : decisions) router_->complete(*d, Outcome{true, std::nullopt});
   }
@@ -83,27 +95,20 @@ TEST_F(PrefixHoldTest, HeldUntilTheRequestComputingItsPrefixHasItsFirstByte) {
 
 TEST_F(PrefixHoldTest, HeldUntilTheWorkersEventStoresTheBlock) {
   start("kv_cost", true);
-  Decision first = route(16);
-  Decision second = route(32);
-  ASSERT_TRUE(router_->prefix_held(second));
-  // The worker's KV event for the prefix's last block (the router's index moves it off the predicted tier).
-  router_->index().store(0, std::vector<hashing::BlockHash>{second.hold_block}, hashing::Tier::kGpu);
-  EXPECT_FALSE(router_->prefix_held(second));
-  complete({&first, &second});
+  expect_released_by([&](Decision&, Decision& second) {
+    // The worker's KV event for the prefix's last block (the router's index moves it off the predicted tier).
+    router_->index().store(0, std::vector<hashing::BlockHash>{second.hold_block}, hashing::Tier::kGpu);
+  });
 }
 
 TEST_F(PrefixHoldTest, HeldAtMostPrefixHoldAndNeverWithItAtZero) {
   config_.prefix_hold_s = 0.01;
   start("kv_cost", true);
-  Decision first = route(16);
-  Decision second = route(32);
-  ASSERT_TRUE(router_->prefix_held(second));
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_FALSE(router_->prefix_held(second));
+  expect_released_by([](Decision&, Decision&) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
   config_.prefix_hold_s = 0;
-  Decision third = route(48);
-  EXPECT_EQ(third.hold_leader, 0u);
-  complete({&first, &second, &third});
+  Decision a = route(16), b = route(32);
+  EXPECT_EQ(b.hold_leader, 0u);
+  complete({&a, &b});
 }
 
 TEST_F(PrefixHoldTest, ARequestThatEndedWithoutAFirstByteStopsTheHold) {
@@ -114,6 +119,7 @@ TEST_F(PrefixHoldTest, ARequestThatEndedWithoutAFirstByteStopsTheHold) {
   router_->complete(first, Outcome{false, std::nullopt});  // the worker failed it
   EXPECT_FALSE(router_->prefix_held(second));
   router_->complete(second, Outcome{true, std::nullopt});
+  EXPECT_EQ(registry_.find(0)->in_flight(), 0u);
 }
 
 TEST_F(PrefixHoldTest, OnlyKvCostOnWorkersInPreciseModeHolds) {
