@@ -125,6 +125,21 @@ TEST(PrefixIndex, ExpectedBlocksAreConfirmedByEventsOrDropped) {
   for (const auto& [h, tier] : idx.worker_entries(0)) EXPECT_EQ(tier, Tier::kGpu);
 }
 
+// kvroute-bench's simulation of precise mode: the blocks a routed request computes stay predicted until the
+// worker's events store them, even when another request routed meanwhile matched them.
+TEST(PrefixIndex, RecordRoutedMarksTheComputedBlocksPredicted) {
+  PrefixIndex idx;
+  const auto a = chain(1, 6);
+  idx.record_routed(0, a, 2);  // the worker held a[0..2): it computes a[2..6)
+  EXPECT_EQ(idx.tier(0, a[1]), Tier::kGpu);
+  EXPECT_EQ(idx.tier(0, a[2]), Tier::kPredicted);
+  idx.record_routed(0, a, 6);  // a follower that matched all six: a[2..6) are still being computed
+  EXPECT_EQ(idx.tier(0, a[5]), Tier::kPredicted);
+  EXPECT_EQ(idx.worker_hashes(0).front(), a[0]);  // the chain's first block most recently used, as record()
+  idx.store(0, std::span(a).subspan(2), Tier::kGpu);  // the events
+  for (const auto& [h, tier] : idx.worker_entries(0)) EXPECT_EQ(tier, Tier::kGpu);
+}
+
 TEST(PrefixIndex, DroppingAWorkerLeavesOthersIntact) {
   PrefixIndex idx;
   const auto a = chain(1, 8);
