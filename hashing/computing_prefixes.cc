@@ -15,14 +15,19 @@ ComputingPrefixes::Token ComputingPrefixes::begin(WorkerId worker, std::span<con
   return t;
 }
 
-void ComputingPrefixes::end(WorkerId worker, Token token) {
-  if (token == 0) return;
-  std::lock_guard lock(mu_);
-  if (worker >= workers_.size()) return;
+std::optional<ComputingPrefixes::Entry> ComputingPrefixes::take(WorkerId worker, Token token) {
+  if (token == 0 || worker >= workers_.size()) return std::nullopt;
   auto& list = workers_[worker].entries;
-  // Kept in registration order (computing() answers the earliest), so erase rather than swap with the last.
   auto it = std::find_if(list.begin(), list.end(), [&](const Entry& e) { return e.token == token; });
-  if (it != list.end()) list.erase(it);
+  if (it == list.end()) return std::nullopt;
+  Entry e = std::move(*it);
+  list.erase(it);
+  return e;
+}
+
+void ComputingPrefixes::end(WorkerId worker, Token token) {
+  std::lock_guard lock(mu_);
+  take(worker, token);
 }
 
 void ComputingPrefixes::stored(WorkerId worker, std::span<const BlockHash> blocks, double now) {
@@ -34,19 +39,13 @@ void ComputingPrefixes::stored(WorkerId worker, std::span<const BlockHash> block
 }
 
 void ComputingPrefixes::first_token(WorkerId worker, Token token, double now) {
-  if (token == 0) return;
   std::lock_guard lock(mu_);
-  if (worker >= workers_.size()) return;
-  Worker& w = workers_[worker];
-  auto it = std::find_if(w.entries.begin(), w.entries.end(), [&](const Entry& e) { return e.token == token; });
-  if (it == w.entries.end()) return;
-  const std::size_t n = it->blocks.size();
-  if (n >= kTeachMinBlocks && n <= kTeachMaxBlocks) {
-    const double margin = 0.25 * (now - it->began_at);
-    const bool at_schedule = it->stored_at >= 0 && now - it->stored_at >= margin;
-    w.commits_at_schedule = std::clamp(w.commits_at_schedule + (at_schedule ? 1 : -1), -3, 3);
-  }
-  w.entries.erase(it);
+  const auto e = take(worker, token);
+  if (!e || e->blocks.size() < kTeachMinBlocks || e->blocks.size() > kTeachMaxBlocks) return;
+  const double margin = 0.25 * (now - e->began_at);
+  const bool at_schedule = e->stored_at >= 0 && now - e->stored_at >= margin;
+  int& score = workers_[worker].commits_at_schedule;
+  score = std::clamp(score + (at_schedule ? 1 : -1), -3, 3);
 }
 
 ComputingPrefixes::Commit ComputingPrefixes::commit(WorkerId worker) const {

@@ -85,6 +85,10 @@ class ComputingPrefixes {
     std::vector<Entry> entries;  // in registration order
     int commits_at_schedule = 0;  // evidence: +1 stored by the first token, -1 not yet; kept in [-3, 3]
   };
+  // The worker's entry for the token, removed (callers hold mu_); nullopt when there is none. Entries stay in
+  // registration order (computing() answers the earliest), so it is erased, not swapped with the last.
+  std::optional<Entry> take(WorkerId worker, Token token);
+
   mutable std::mutex mu_;
   std::vector<Worker> workers_;  // by worker id; guarded by mu_
   Token next_ = 1;                           // guarded by mu_
