@@ -219,7 +219,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
         drain_(svc.drain),
         bodies_(svc.bodies),
         access_log_(svc.config.access_log) {}
-  ~ApiSession() { end_exchange(); }
+  ~ApiSession() {
+    svc_.router.unwatch_prefix_hold(hold_watch_);
+    end_exchange();
+  }
 
   void run() {
     asio::dispatch(stream_.get_executor(), beast::bind_front_handler(&ApiSession::do_read, shared_from_this()));
@@ -553,18 +556,37 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   // kv_cost's prefix hold (Router::prefix_held): the worker is still computing this request's prefix for an
-  // earlier one. Checked every kPrefixHoldPoll, at most --prefix-hold long, then the request goes.
+  // earlier one. The router wakes it when that request has its first byte or the worker's event stores the
+  // prefix (Router::watch_prefix_hold); it also checks every kPrefixHoldRecheck (for a block that left the
+  // index) and at --prefix-hold, then the request goes. Every wake-up or check carries the hold's sequence
+  // number, so only the latest counts.
   void wait_for_prefix() {
+    const std::uint64_t seq = ++hold_seq_;
+    svc_.router.unwatch_prefix_hold(std::exchange(hold_watch_, 0));
+    // Watched before checking, so that a first byte or event between the check and the watch is not missed.
+    hold_watch_ = svc_.router.watch_prefix_hold(
+        *decision_, [weak = weak_from_this(), seq, ex = stream_.get_executor()] {
+          asio::post(ex, [weak, seq] {
+            if (auto self = weak.lock()) self->on_hold_wake(seq);
+          });
+        });
     if (!svc_.router.prefix_held(*decision_)) {
+      ++hold_seq_;
+      svc_.router.unwatch_prefix_hold(std::exchange(hold_watch_, 0));
       svc_.router.prefix_hold_ended(*decision_);
       return forward(decision_->worker);
     }
     if (!hold_timer_) hold_timer_.emplace(stream_.get_executor());
-    hold_timer_->expires_after(kPrefixHoldPoll);
-    hold_timer_->async_wait([self = shared_from_this(), gen = generation_](beast::error_code ec) {
-      if (ec || gen != self->generation_ || !self->decision_) return;
-      self->wait_for_prefix();
+    const auto left = decision_->hold_until - std::chrono::steady_clock::now();
+    hold_timer_->expires_after(std::min<std::chrono::steady_clock::duration>(kPrefixHoldRecheck, left));
+    hold_timer_->async_wait([self = shared_from_this(), seq](beast::error_code ec) {
+      if (!ec) self->on_hold_wake(seq);
     });
+  }
+
+  void on_hold_wake(std::uint64_t seq) {
+    if (seq != hold_seq_ || !decision_ || decision_->hold_leader == 0) return;
+    wait_for_prefix();
   }
 
   // ---- proxying ----
@@ -1516,8 +1538,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   std::uint64_t body_reserved_ = 0;  // this request's share of --max-held-body-bytes (grows as its body is read)
   bool budget_waited_ = false;       // counted in kvroute_body_budget_waits_total
   std::optional<asio::steady_timer> budget_timer_;
-  std::optional<asio::steady_timer> hold_timer_;  // a prefix hold's polls
-  static constexpr auto kPrefixHoldPoll = std::chrono::milliseconds(2);
+  std::optional<asio::steady_timer> hold_timer_;  // a prefix hold's checks
+  std::uint64_t hold_seq_ = 0;                    // the latest wake-up or check of a prefix hold
+  HoldWaiters::Id hold_watch_ = 0;                // its watch in the router (Router::watch_prefix_hold)
+  static constexpr auto kPrefixHoldRecheck = std::chrono::milliseconds(20);
   LazyDeadline<ApiSession> idle_{stream_.get_executor(), &ApiSession::on_idle};  // --client-idle-timeout
   http::request<http::string_body> req_;
   std::string request_id_;

@@ -49,6 +49,7 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
   // When workers' events store the blocks of requests in prefill, for the commit timing of prefix holds.
   index_.set_store_listener([this](hashing::WorkerId w, std::span<const hashing::BlockHash> blocks) {
     computing_.stored(w, blocks, seconds_since_epoch(std::chrono::steady_clock::now()));
+    hold_waiters_.stored(w, blocks);
   });
   registry_.subscribe({
       [this](const backends::Worker& w) {
@@ -239,6 +240,11 @@ std::string_view Router::prefix_commit(hashing::WorkerId id) const {
   return "unknown";
 }
 
+HoldWaiters::Id Router::watch_prefix_hold(const Decision& d, std::function<void()> wake) {
+  if (d.hold_leader == 0) return 0;
+  return hold_waiters_.add(d.worker->id(), d.hold_leader, d.hold_block, std::move(wake));
+}
+
 void Router::prefix_hold_ended(Decision& d) {
   if (d.hold_leader == 0) return;
   d.hold_leader = 0;
@@ -326,6 +332,7 @@ void Router::first_byte(Decision& d) {
     } else {
       computing_.end(id, token);
     }
+    hold_waiters_.leader_done(id, token);
   }
   if (d.worker->removed() || d.background) return;  // removed: its id may be another worker's (complete())
   if (auto s = metrics_.worker(d.worker->id())) s->ttft->Observe(d.ttft_s);
@@ -333,7 +340,10 @@ void Router::first_byte(Decision& d) {
 
 void Router::complete(Decision& d, const Outcome& outcome) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
-  computing_.end(d.worker->id(), std::exchange(d.computing, 0));
+  if (const auto token = std::exchange(d.computing, 0); token != 0) {
+    computing_.end(d.worker->id(), token);
+    hold_waiters_.leader_done(d.worker->id(), token);
+  }
   // A queued background response keeps its load on the worker until it ends (holds_background()). Streamed, its
   // exchange lasted until the response was done. One held when its answer was read (hold_answered) stays held
   // whether that answer then reached the client or not: the response runs on the worker either way.

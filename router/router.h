@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -24,6 +25,7 @@
 #include "policy/routing_policy.h"
 #include "router/cache_pools.h"
 #include "router/config.h"
+#include "router/hold_waiters.h"
 #include "router/metrics.h"
 #include "router/request.h"
 #include "util/recency_map.h"
@@ -99,6 +101,12 @@ class Router {
   // has shown that (prefix_commit()), nothing is held there.
   bool prefix_held(const Decision& d) const;
   void prefix_hold_ended(Decision& d);
+  // Calls `wake` once, from whichever thread notices it, when the hold of `d` may have ended (the request
+  // computing its prefix had its first byte or ended, or the worker's event stored the held block); the caller
+  // then checks prefix_held() again. The cap (--prefix-hold) and a block leaving the index wake nothing: the
+  // caller checks on its own at least that often (router/hold_waiters.h).
+  HoldWaiters::Id watch_prefix_hold(const Decision& d, std::function<void()> wake);
+  void unwatch_prefix_hold(HoldWaiters::Id id) { hold_waiters_.remove(id); }
   // When the worker makes computed blocks cache hits, as learned from its streamed first tokens and KV events
   // (hashing/computing_prefixes.h): "at_schedule" (no holds there), "after_step", or "unknown" yet.
   std::string_view prefix_commit(hashing::WorkerId id) const;
@@ -167,6 +175,7 @@ class Router {
   // Prefixes being computed, for prefix holds (kv_cost, precise mode); before the index, whose store listener
   // writes it, so that it outlives the index.
   hashing::ComputingPrefixes computing_;
+  HoldWaiters hold_waiters_;  // before index_, whose store listener reaches it
   hashing::PrefixIndex index_;
   policy::RateLearner learner_;
   CachePools cache_pools_;  // each pool's capacity as one cache, for kvroute_fleet_cache_hit_tokens_total

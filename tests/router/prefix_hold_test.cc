@@ -157,5 +157,54 @@ TEST_F(PrefixHoldTest, HoldsGoOnOnAWorkerThatStoresBlocksAfterTheStep) {
   complete({&first, &second});
 }
 
+// The daemon sends a held request as soon as the router wakes it (router/hold_waiters.h), not at its next check.
+TEST_F(PrefixHoldTest, AHeldRequestIsWokenByTheFirstByteOrTheEventItWaitsFor) {
+  start("kv_cost", true);
+  int woken = 0;
+  Decision first = route(16);
+  Decision second = route(32);
+  ASSERT_TRUE(router_->prefix_held(second));
+  router_->watch_prefix_hold(second, [&] { ++woken; });
+  router_->index().store(0, std::vector<hashing::BlockHash>{second.hold_block + 1}, hashing::Tier::kGpu);
+  EXPECT_EQ(woken, 0);  // an event for another block
+  router_->first_byte(first);
+  EXPECT_EQ(woken, 1);
+  EXPECT_FALSE(router_->prefix_held(second));
+  router_->first_byte(first);  // once only
+  EXPECT_EQ(woken, 1);
+  complete({&first, &second});
+
+  Decision third = route(48);
+  Decision fourth = route(64);
+  ASSERT_TRUE(router_->prefix_held(fourth));
+  const auto id = router_->watch_prefix_hold(fourth, [&] { ++woken; });
+  router_->index().store(0, std::vector<hashing::BlockHash>{fourth.hold_block}, hashing::Tier::kGpu);
+  EXPECT_EQ(woken, 2);
+  EXPECT_FALSE(router_->prefix_held(fourth));
+  router_->unwatch_prefix_hold(id);  // already woken: a no-op
+  complete({&third, &fourth});
+}
+
+TEST(HoldWaiters, WakeOnceTheRequestsHeldForThatLeaderOrBlockOnThatWorker) {
+  HoldWaiters w;
+  int a = 0, b = 0, c = 0;
+  w.add(/*worker=*/0, /*leader=*/7, /*block=*/100, [&] { ++a; });
+  w.add(0, 8, 200, [&] { ++b; });
+  const auto gone = w.add(1, 7, 100, [&] { ++c; });
+  EXPECT_EQ(w.size(), 3u);
+  w.leader_done(0, 7);
+  EXPECT_EQ(a, 1);
+  EXPECT_EQ(c, 0);  // another worker's request 7
+  w.leader_done(0, 7);
+  EXPECT_EQ(a, 1);  // once
+  const hashing::BlockHash stored[] = {150, 200};
+  w.stored(0, stored);
+  EXPECT_EQ(b, 1);
+  w.remove(gone);
+  w.leader_done(1, 7);
+  EXPECT_EQ(c, 0);
+  EXPECT_EQ(w.size(), 0u);
+}
+
 }  // namespace
 }  // namespace kvroute::router
