@@ -3,7 +3,7 @@
 # Mooncake traces and on the four built-in generators, each at three loads around the knee where
 # round_robin's mean TTFT reaches 5x its unloaded TTFT; the timing of the whole conversation trace; the
 # generators under a second seed; the saturated multi_turn cell and the shared_prefix cell at 0.75x the knee
-# under four more seeds.
+# under four more seeds; and the two trace cells with the thinnest margins at nearby loads (the "bands").
 #
 #   scripts/bench.sh TRACE_DIR [OUT_DIR]
 #
@@ -42,6 +42,16 @@ if [[ -n "$TRACE_DIR" ]]; then
     fi
     run "$trace" --trace "$TRACE_DIR/$trace.jsonl"
   done
+  # Bands: kv_cost and the runners-up of the closest trace cells (block_cost, e2) at loads around those cells,
+  # to show how much of a cell's verdict is the draw of its exact rate scale.
+  band() {  # band TRACE SCALES
+    echo "== band: $1 at $2" >&2
+    "$BENCH" simulate --trace "$TRACE_DIR/$1.jsonl" --sweep "$2" --policies kv_cost,block_cost,e2 --workers 8 \
+      --model qwen3-8b --gpu h100-80gb --prefix-commit "$PREFIX_COMMIT" --no-progress \
+      --json "$OUT_DIR/${1}_band.json" > "$OUT_DIR/${1}_band.txt"
+  }
+  band synthetic_trace 1.4,1.5,1.55,1.6,1.62,1.65,1.7,1.8,1.9,2.0,2.1,2.16,2.2,2.3,2.4
+  band conversation_trace 1.8,1.93,2.1,2.3,2.57,2.7,2.9,3.0,3.1,3.21,3.3,3.4
   # Performance: the whole conversation trace, all ten policies, at the trace's own pace.
   echo "== timing: conversation_trace, all policies, rate scale 1" >&2
   /usr/bin/time -f "%e s wall, %U s user, %M KiB max RSS" "$BENCH" simulate \
