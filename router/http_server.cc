@@ -576,6 +576,11 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
       svc_.router.prefix_hold_ended(*decision_);
       return forward(decision_->worker);
     }
+    // A client that leaves meanwhile: its request is never sent (client_gone()).
+    if (watched_ != generation_) {
+      watched_ = generation_;
+      watch_client();
+    }
     if (!hold_timer_) hold_timer_.emplace(stream_.get_executor());
     const auto left = decision_->hold_until - std::chrono::steady_clock::now();
     hold_timer_->expires_after(std::min<std::chrono::steady_clock::duration>(kPrefixHoldRecheck, left));
@@ -1044,7 +1049,8 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     watch_client();
   }
 
-  // Notices a client that disconnects while the worker is still thinking (no write in progress to fail).
+  // Notices a client that disconnects while the worker is still thinking (no write in progress to fail), or while
+  // its request is held for its prefix.
   void watch_client() {
     const std::uint64_t gen = generation_;
     stream_.socket().async_wait(tcp::socket::wait_read,
@@ -1052,7 +1058,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   void on_client_readable(std::uint64_t gen, beast::error_code ec) {
-    if (ec || gen != generation_ || !lease_.stream) return;
+    if (ec || gen != generation_ || (!lease_.stream && !held_for_prefix())) return;
     beast::error_code e2;
     if (stream_.socket().available(e2) > 0) return;  // a pipelined request, not a disconnect
     char byte;  // MSG_DONTWAIT rather than toggling the socket's mode: one system call, not three
@@ -1062,14 +1068,23 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     client_gone();                                                    // end of stream or a reset
   }
 
+  bool held_for_prefix() const { return decision_ && decision_->hold_leader != 0; }
+
   void client_gone() {
+    const bool held = held_for_prefix();
+    if (held) {  // never sent: the hold ends here
+      ++hold_seq_;
+      svc_.router.unwatch_prefix_hold(std::exchange(hold_watch_, 0));
+      svc_.router.prefix_hold_ended(*decision_);
+    }
     if (lease_.stream) {
       orphan_ = lease_.stream;  // outlives an upstream operation still completing after the close
       beast::error_code ignored;
       lease_.stream->socket().shutdown(tcp::socket::shutdown_both, ignored);
       lease_.stream->socket().close(ignored);
     }
-    LOG_DEBUG("request " << request_id_ << ": client disconnected; upstream request cancelled");
+    LOG_DEBUG("request " << request_id_ << ": client disconnected; "
+              << (held ? "its request, held for its prefix, is not sent" : "upstream request cancelled"));
     access_.client_gone = true;
     svc_.metrics.error("client_disconnected");
     finish(false, false, /*worker_failed=*/false);

@@ -27,6 +27,18 @@ double metric_sum(const std::string& text, const std::string& name) {
   return sum;
 }
 
+// The sum of a metric's samples: `name` with or without labels, or one labelled series when `name` has them.
+double metric_total(const std::string& text, const std::string& name) {
+  double sum = 0;
+  for (std::size_t pos = text.find("\n" + name); pos != std::string::npos; pos = text.find("\n" + name, pos + 1)) {
+    const char next = pos + 1 + name.size() < text.size() ? text[pos + 1 + name.size()] : '\n';
+    if (next != ' ' && next != '{') continue;  // another metric whose name starts the same
+    const auto space = text.find(' ', next == '{' ? text.find('}', pos) : pos + 1);
+    sum += std::stod(text.substr(space + 1, text.find('\n', space) - space - 1));
+  }
+  return sum;
+}
+
 std::set<std::string> strings(const json::value& v, std::initializer_list<const char*> keys) {
   std::set<std::string> out;
   for (const char* k : keys) {
@@ -177,11 +189,16 @@ struct HoldRun {
   double second_sent_s = 0;  // after the first
   double holds = 0, hold_seconds = 0;
   std::set<std::string> commits;  // the workers' prefix_commit in /admin/workers after the teaching requests
+  // With `leave`: what the workers saw (prompt tokens, completed and cancelled requests) and the router's count
+  // of clients that left, once the first request is done.
+  double worker_prompt_tokens = 0, worker_completed = 0, worker_cancelled = 0, clients_left = 0, in_flight = -1;
 };
 
 // With `teach`, streamed prompts of 4K token ids of their own are sent first, three at a time, until every
-// worker has served one: their first tokens teach the router when each worker makes blocks hits.
-HoldRun prefix_hold_run(std::vector<std::string> router_args, std::vector<std::string> sim_args, bool teach = false) {
+// worker has served one: their first tokens teach the router when each worker makes blocks hits. With `leave`,
+// the client of the second request disconnects 30 ms after sending it.
+HoldRun prefix_hold_run(std::vector<std::string> router_args, std::vector<std::string> sim_args, bool teach = false,
+                        bool leave = false) {
   sim_args.insert(sim_args.end(), {"--speed", "2", "--num-gpu-blocks", "4000"});
   PreciseFleet fleet(/*events=*/true, "vllm", std::move(router_args), std::move(sim_args));
   fleet.wait_live();
@@ -249,8 +266,32 @@ HoldRun prefix_hold_run(std::vector<std::string> router_args, std::vector<std::s
   while (!first_routed() && std::chrono::steady_clock::now() < routed_by) std::this_thread::sleep_for(2ms);
   std::this_thread::sleep_for(10ms);
   run.second_sent_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
-  const HttpResponse second = http(fleet.api(), "POST", "/v1/completions", body(2, false));
+  HttpResponse second;
+  if (leave) {
+    const std::string b = body(2, false);
+    raw_exchange(fleet.api(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b, 30ms);
+  } else {
+    second = http(fleet.api(), "POST", "/v1/completions", body(2, false));
+  }
   leader.join();
+  if (leave) {
+    EXPECT_EQ(first.status, 200) << first.error;
+    std::this_thread::sleep_for(200ms);  // the first request's end reaches the router
+    for (int i = 0; i < 3; ++i) {
+      const std::string wm = http(fleet.sim(i), "GET", "/metrics").body;
+      run.worker_prompt_tokens += metric_total(wm, "vllm:prompt_tokens_total");
+      run.worker_completed += metric_total(wm, "vllm:request_success_total");
+      run.worker_cancelled += metric_total(wm, "kvroute_sim:requests_cancelled_total");
+    }
+    const std::string m = http(fleet.admin(), "GET", "/metrics").body;
+    run.clients_left = metric_total(m, "kvroute_errors_total{kind=\"client_disconnected\"}");
+    run.holds = metric_total(m, "kvroute_prefix_holds_total");
+    run.in_flight = 0;
+    const auto workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
+    for (const auto& w : workers.at("workers").as_array()) run.in_flight += w.at("in_flight").to_number<double>();
+    return run;
+  }
   EXPECT_EQ(first.status, 200) << first.error;
   EXPECT_EQ(second.status, 200) << second.body << second.error;
   run.first_cached = cached(first_text);
@@ -281,7 +322,7 @@ TEST(PreciseE2E, ARequestWaitsForThePrefixBeingComputedInsteadOfComputingItAgain
   EXPECT_EQ(held.first_cached, 0u);
   EXPECT_EQ(held.second_cached, kHoldPrefix);  // the whole prefix
   EXPECT_EQ(held.holds, 1.0);
-  // Until the first request's first token (the router polls every 2 ms), within --prefix-hold.
+  // Until the first request's first token (which wakes the held request), within --prefix-hold.
   EXPECT_GT(held.second_sent_s + held.hold_seconds, held.first_ttft_s - 0.03);
   EXPECT_LT(held.hold_seconds, 0.4);
 
@@ -316,6 +357,18 @@ TEST(PreciseE2E, WorkersThatStoreBlocksAfterTheStepAreLearnedAndHoldsGoOn) {
   EXPECT_EQ(run.commits, (std::set<std::string>{"after_step"}));
   EXPECT_EQ(run.second_cached, kHoldPrefix);
   EXPECT_EQ(run.holds, 1.0);
+}
+
+// A client that leaves while its request is held: the request is never sent, and the router counts the client
+// as gone.
+TEST(PreciseE2E, ARequestWhoseClientLeavesWhileHeldIsNeverSent) {
+  const HoldRun run = prefix_hold_run({}, {}, /*teach=*/false, /*leave=*/true);
+  EXPECT_EQ(run.holds, 1.0);
+  EXPECT_EQ(run.clients_left, 1.0);
+  EXPECT_EQ(run.worker_prompt_tokens, static_cast<double>(kHoldPrefix + 32));  // the first request's only
+  EXPECT_EQ(run.worker_completed, 1.0);
+  EXPECT_EQ(run.worker_cancelled, 0.0);
+  EXPECT_EQ(run.in_flight, 0.0);
 }
 
 TEST(PreciseE2E, RouterIndexEqualsWhatWorkersHoldAfterEvictingBurst) {
