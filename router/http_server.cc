@@ -219,10 +219,10 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
         drain_(svc.drain),
         bodies_(svc.bodies),
         access_log_(svc.config.access_log) {}
-  ~ApiSession() {
-    svc_.router.unwatch_prefix_hold(hold_watch_);
-    end_exchange();
-  }
+  // Not svc_: at shutdown sessions outlive the services. A hold's watch needs no cleanup here: the hold timer
+  // keeps the session alive until the hold ends, and a watch left by one destroyed at shutdown only posts a
+  // wake-up that finds no session.
+  ~ApiSession() { end_exchange(); }
 
   void run() {
     asio::dispatch(stream_.get_executor(), beast::bind_front_handler(&ApiSession::do_read, shared_from_this()));
