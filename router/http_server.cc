@@ -1058,7 +1058,13 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   void on_client_readable(std::uint64_t gen, beast::error_code ec) {
-    if (ec || gen != generation_ || (!lease_.stream && !held_for_prefix())) return;
+    if (ec || gen != generation_) return;
+    if (!lease_.stream && !held_for_prefix()) {
+      // Readable between a hold's end and the connection to the worker: the exchange watches again once it
+      // runs (on_watch_due).
+      watched_ = ~std::uint64_t{0};
+      return;
+    }
     beast::error_code e2;
     if (stream_.socket().available(e2) > 0) return;  // a pipelined request, not a disconnect
     char byte;  // MSG_DONTWAIT rather than toggling the socket's mode: one system call, not three
