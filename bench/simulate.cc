@@ -219,9 +219,7 @@ class FleetSim {
     }
     for (std::size_t e = 0; e < n_; ++e) {
       while (engines_[e].next_event_time() < sim::kInfinity || !workers_[e].held.empty()) {
-        double t = engines_[e].next_event_time();
-        for (const auto& h : workers_[e].held) t = std::min(t, h.release_at);
-        advance_engine(e, t);
+        advance_engine(e, std::min(engines_[e].next_event_time(), workers_[e].next_release()));
       }
     }
     PolicyResult res = summarize();
@@ -260,6 +258,12 @@ class FleetSim {
       hashing::ComputingPrefixes::Token leader;
     };
     std::vector<Held> held;
+    // When the next held request goes (infinity with none held).
+    double next_release() const {
+      double t = sim::kInfinity;
+      for (const auto& h : held) t = std::min(t, h.release_at);
+      return t;
+    }
   };
 
   struct Flight {
@@ -318,10 +322,8 @@ class FleetSim {
         if (engines_[e].next_event_time() <= t) engines_[e].advance(t, sinks_[e]);
         return;
       }
-      double release = sim::kInfinity;
-      for (const auto& h : ws.held) release = std::min(release, h.release_at);
       const double next = engines_[e].next_event_time();
-      const double te = std::min(next, release);
+      const double te = std::min(next, ws.next_release());
       if (te > t) return;
       if (next <= te) engines_[e].advance(te, sinks_[e]);
       for (std::size_t i = 0; i < ws.held.size();) {

@@ -95,7 +95,7 @@ class RoutingPolicy {
   // Whether the policy reads prefix matches (the router skips matching for prefix-blind policies).
   virtual bool uses_prefix_match() const { return false; }
   // Whether the router may hold a request sent where its prefix is still being computed by an earlier one
-  // until that prefix lands (router/prefix_holds.h). A cost of kv_cost's own; the published policies
+  // until that prefix lands (Router::prefix_held, router/router.h). A cost of kv_cost's own; the published policies
   // reimplemented here send every request at once.
   virtual bool waits_for_computing_prefix() const { return false; }
 };

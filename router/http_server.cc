@@ -571,9 +571,7 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
           });
         });
     if (!svc_.router.prefix_held(*decision_)) {
-      ++hold_seq_;
-      svc_.router.unwatch_prefix_hold(std::exchange(hold_watch_, 0));
-      svc_.router.prefix_hold_ended(*decision_);
+      end_hold();
       return forward(decision_->worker);
     }
     // A client that leaves meanwhile: its request is never sent (client_gone()).
@@ -590,9 +588,18 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
   }
 
   void on_hold_wake(std::uint64_t seq) {
-    if (seq != hold_seq_ || !decision_ || decision_->hold_leader == 0) return;
+    if (seq != hold_seq_ || !held_for_prefix()) return;
     wait_for_prefix();
   }
+
+  // The hold is over (the request goes, or its client left): later wake-ups and checks find nothing to do.
+  void end_hold() {
+    ++hold_seq_;
+    svc_.router.unwatch_prefix_hold(std::exchange(hold_watch_, 0));
+    svc_.router.prefix_hold_ended(*decision_);
+  }
+
+  bool held_for_prefix() const { return decision_ && decision_->hold_leader != 0; }
 
   // ---- proxying ----
   void forward(std::shared_ptr<backends::Worker> worker) {
@@ -1074,15 +1081,9 @@ class ApiSession : public std::enable_shared_from_this<ApiSession> {
     client_gone();                                                    // end of stream or a reset
   }
 
-  bool held_for_prefix() const { return decision_ && decision_->hold_leader != 0; }
-
   void client_gone() {
     const bool held = held_for_prefix();
-    if (held) {  // never sent: the hold ends here
-      ++hold_seq_;
-      svc_.router.unwatch_prefix_hold(std::exchange(hold_watch_, 0));
-      svc_.router.prefix_hold_ended(*decision_);
-    }
+    if (held) end_hold();  // never sent
     if (lease_.stream) {
       orphan_ = lease_.stream;  // outlives an upstream operation still completing after the close
       beast::error_code ignored;

@@ -245,6 +245,18 @@ HoldWaiters::Id Router::watch_prefix_hold(const Decision& d, std::function<void(
   return hold_waiters_.add(d.worker->id(), d.hold_leader, d.hold_block, std::move(wake));
 }
 
+void Router::computing_done(Decision& d, bool first_token) {
+  const auto token = std::exchange(d.computing, 0);
+  if (token == 0) return;
+  const auto id = d.worker->id();
+  if (first_token) {
+    computing_.first_token(id, token, seconds_since_epoch(d.first_byte_at));
+  } else {
+    computing_.end(id, token);
+  }
+  hold_waiters_.leader_done(id, token);  // the requests held for its prefix check again
+}
+
 void Router::prefix_hold_ended(Decision& d) {
   if (d.hold_leader == 0) return;
   d.hold_leader = 0;
@@ -323,27 +335,16 @@ void Router::first_byte(Decision& d) {
   d.first_byte_at = std::chrono::steady_clock::now();
   d.ttft_s = std::chrono::duration<double>(d.first_byte_at - d.start).count();
   d.worker->first_token(d.uncached_tokens, d.prompt_tokens);
-  if (const auto token = std::exchange(d.computing, 0); token != 0) {
-    // A streamed request's first byte is its first token: when the worker's event stored the last block it
-    // computed, against now, tells when the worker makes blocks hits (hashing/computing_prefixes.h).
-    const auto id = d.worker->id();
-    if (d.streamed) {
-      computing_.first_token(id, token, seconds_since_epoch(d.first_byte_at));
-    } else {
-      computing_.end(id, token);
-    }
-    hold_waiters_.leader_done(id, token);
-  }
+  // A streamed request's first byte is its first token: when the worker's event stored the last block it
+  // computed, against now, tells when the worker makes blocks hits (hashing/computing_prefixes.h).
+  computing_done(d, d.streamed);
   if (d.worker->removed() || d.background) return;  // removed: its id may be another worker's (complete())
   if (auto s = metrics_.worker(d.worker->id())) s->ttft->Observe(d.ttft_s);
 }
 
 void Router::complete(Decision& d, const Outcome& outcome) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
-  if (const auto token = std::exchange(d.computing, 0); token != 0) {
-    computing_.end(d.worker->id(), token);
-    hold_waiters_.leader_done(d.worker->id(), token);
-  }
+  computing_done(d, /*first_token=*/false);
   // A queued background response keeps its load on the worker until it ends (holds_background()). Streamed, its
   // exchange lasted until the response was done. One held when its answer was read (hold_answered) stays held
   // whether that answer then reached the client or not: the response runs on the worker either way.

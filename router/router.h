@@ -141,6 +141,9 @@ class Router {
   std::size_t background_held();
 
  private:
+  // The request's blocks are no longer being computed: at its first token (which teaches the worker's commit
+  // timing) or at its end; wakes the requests held for them. No-op once done.
+  void computing_done(Decision& d, bool first_token);
   struct Binding {
     hashing::WorkerId worker;
     std::chrono::steady_clock::time_point last_used;

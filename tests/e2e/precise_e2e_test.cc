@@ -16,19 +16,8 @@ namespace {
 namespace json = boost::json;
 using namespace std::chrono_literals;
 
-double metric_sum(const std::string& text, const std::string& name) {
-  double sum = 0;
-  std::size_t pos = 0;
-  while ((pos = text.find("\n" + name + "{", pos)) != std::string::npos) {
-    const auto space = text.find("} ", pos);
-    sum += std::stod(text.substr(space + 2, text.find('\n', space) - space - 2));
-    pos = space;
-  }
-  return sum;
-}
-
 // The sum of a metric's samples: `name` with or without labels, or one labelled series when `name` has them.
-double metric_total(const std::string& text, const std::string& name) {
+double metric_sum(const std::string& text, const std::string& name) {
   double sum = 0;
   for (std::size_t pos = text.find("\n" + name); pos != std::string::npos; pos = text.find("\n" + name, pos + 1)) {
     const char next = pos + 1 + name.size() < text.size() ? text[pos + 1 + name.size()] : '\n';
@@ -280,13 +269,13 @@ HoldRun prefix_hold_run(std::vector<std::string> router_args, std::vector<std::s
     std::this_thread::sleep_for(200ms);  // the first request's end reaches the router
     for (int i = 0; i < 3; ++i) {
       const std::string wm = http(fleet.sim(i), "GET", "/metrics").body;
-      run.worker_prompt_tokens += metric_total(wm, "vllm:prompt_tokens_total");
-      run.worker_completed += metric_total(wm, "vllm:request_success_total");
-      run.worker_cancelled += metric_total(wm, "kvroute_sim:requests_cancelled_total");
+      run.worker_prompt_tokens += metric_sum(wm, "vllm:prompt_tokens_total");
+      run.worker_completed += metric_sum(wm, "vllm:request_success_total");
+      run.worker_cancelled += metric_sum(wm, "kvroute_sim:requests_cancelled_total");
     }
     const std::string m = http(fleet.admin(), "GET", "/metrics").body;
-    run.clients_left = metric_total(m, "kvroute_errors_total{kind=\"client_disconnected\"}");
-    run.holds = metric_total(m, "kvroute_prefix_holds_total");
+    run.clients_left = metric_sum(m, "kvroute_errors_total{kind=\"client_disconnected\"}");
+    run.holds = metric_sum(m, "kvroute_prefix_holds_total");
     run.in_flight = 0;
     const auto workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
     for (const auto& w : workers.at("workers").as_array()) run.in_flight += w.at("in_flight").to_number<double>();
@@ -300,12 +289,8 @@ HoldRun prefix_hold_run(std::vector<std::string> router_args, std::vector<std::s
   run.second_worker = second.header("x-kvroute-worker");
   run.first_ttft_s = std::chrono::duration<double>(first_piece - sent).count();
   const std::string m = http(fleet.admin(), "GET", "/metrics").body;
-  auto value = [&](const std::string& name) {
-    const auto at = m.find("\n" + name + " ");
-    return at == std::string::npos ? -1.0 : std::stod(m.substr(at + name.size() + 2));
-  };
-  run.holds = value("kvroute_prefix_holds_total");
-  run.hold_seconds = value("kvroute_prefix_hold_seconds_total");
+  run.holds = metric_sum(m, "kvroute_prefix_holds_total");
+  run.hold_seconds = metric_sum(m, "kvroute_prefix_hold_seconds_total");
   std::printf("prefix hold: cached %llu then %llu tokens, workers %s / %s, first TTFT %.3f s, %g holds, %.3f s held\n",
               static_cast<unsigned long long>(run.first_cached), static_cast<unsigned long long>(run.second_cached),
               run.first_worker.c_str(), run.second_worker.c_str(), run.first_ttft_s, run.holds, run.hold_seconds);
