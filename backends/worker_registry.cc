@@ -41,22 +41,51 @@ Result<WorkerEndpoint> parse_worker_url(std::string_view url) {
   return ep;
 }
 
-void Worker::begin(std::uint64_t uncached) {
+std::uint64_t Worker::begin(std::uint64_t uncached, double prefill_s) {
   in_flight_.fetch_add(1, std::memory_order_relaxed);
   pending_prefill_.fetch_add(uncached, std::memory_order_relaxed);
+  std::lock_guard lock(prefill_mu_);
+  if (prefill_queue_.empty()) {
+    prefill_since_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  const std::uint64_t ticket = next_ticket_++;
+  prefill_queue_.emplace(ticket, prefill_s);
+  prefill_queue_total_s_ += prefill_s;
+  publish_prefill_queue();
+  return ticket;
 }
 
-void Worker::first_token(std::uint64_t uncached, std::uint64_t context) {
+void Worker::leave_prefill_queue(std::uint64_t ticket, bool first_token) {
+  std::lock_guard lock(prefill_mu_);
+  if (auto it = prefill_queue_.find(ticket); it != prefill_queue_.end()) {
+    prefill_queue_total_s_ -= it->second;
+    prefill_queue_.erase(it);
+  }
+  if (prefill_queue_.empty()) prefill_queue_total_s_ = 0;  // no rounding left over
+  if (first_token) {
+    prefill_since_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  publish_prefill_queue();
+}
+
+void Worker::publish_prefill_queue() {
+  prefill_total_s_.store(prefill_queue_total_s_, std::memory_order_relaxed);
+  prefill_oldest_s_.store(prefill_queue_.empty() ? -1.0 : prefill_queue_.begin()->second, std::memory_order_relaxed);
+}
+
+void Worker::first_token(std::uint64_t ticket, std::uint64_t uncached, std::uint64_t context) {
   pending_prefill_.fetch_sub(uncached, std::memory_order_relaxed);
   active_decode_.fetch_add(context, std::memory_order_relaxed);
+  leave_prefill_queue(ticket, /*first_token=*/true);
 }
 
-void Worker::end(bool had_first_token, std::uint64_t uncached, std::uint64_t context) {
+void Worker::end(std::uint64_t ticket, bool had_first_token, std::uint64_t uncached, std::uint64_t context) {
   in_flight_.fetch_sub(1, std::memory_order_relaxed);
   if (had_first_token) {
     active_decode_.fetch_sub(context, std::memory_order_relaxed);
   } else {
     pending_prefill_.fetch_sub(uncached, std::memory_order_relaxed);
+    leave_prefill_queue(ticket, /*first_token=*/false);
   }
 }
 
@@ -87,13 +116,19 @@ bool Worker::serves(std::string_view model) const {
   return models_.empty() || std::find(models_.begin(), models_.end(), model) != models_.end();
 }
 
-policy::WorkerView Worker::view() const {
+policy::WorkerView Worker::view(std::chrono::steady_clock::time_point now) const {
   policy::WorkerView v;
   v.id = id_;
   v.healthy = healthy();
   v.in_flight = in_flight();
   v.pending_prefill_tokens = pending_prefill_.load(std::memory_order_relaxed);
   v.active_decode_tokens = active_decode_.load(std::memory_order_relaxed);
+  if (const double oldest = prefill_oldest_s_.load(std::memory_order_relaxed); oldest >= 0) {
+    v.pending_prefill_s = prefill_total_s_.load(std::memory_order_relaxed);
+    v.oldest_prefill_s = oldest;
+    const std::chrono::steady_clock::duration since(prefill_since_.load(std::memory_order_relaxed));
+    v.prefill_elapsed_s = std::max(0.0, std::chrono::duration<double>(now.time_since_epoch() - since).count());
+  }
   const WorkerTelemetry t = telemetry();
   if (t.valid) {
     v.running = t.running;
@@ -187,7 +222,8 @@ std::shared_ptr<Worker> WorkerRegistry::find_by_name(std::string_view name_or_id
 void WorkerRegistry::fill_views(const WorkerList& workers, std::vector<policy::WorkerView>& out) {
   out.clear();
   out.reserve(workers.size());
-  for (const auto& w : workers) out.push_back(w->view());
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& w : workers) out.push_back(w->view(now));
 }
 
 }  // namespace kvroute::backends

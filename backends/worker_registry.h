@@ -13,8 +13,10 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -90,10 +92,14 @@ class Worker {
   void set_precise(bool p) { precise_.store(p, std::memory_order_relaxed); }
 
   // Router-tracked load: begin() when a request is sent, first_token() when its first byte comes back,
-  // end() when it completes (any outcome). Every begin() is matched by exactly one end().
-  void begin(std::uint64_t uncached_prompt_tokens);
-  void first_token(std::uint64_t uncached_prompt_tokens, std::uint64_t context_tokens);
-  void end(bool had_first_token, std::uint64_t uncached_prompt_tokens, std::uint64_t context_tokens);
+  // end() when it completes (any outcome). Every begin() is matched by exactly one end(). begin() also queues
+  // the request's estimated prefill seconds (policy::prefill_seconds) and returns its ticket, which
+  // first_token() and end() take back: the view reports the queue's total, its oldest entry and the time since
+  // the worker's last first token (policy::WorkerView::pending_prefill_s).
+  std::uint64_t begin(std::uint64_t uncached_prompt_tokens, double prefill_s);
+  void first_token(std::uint64_t ticket, std::uint64_t uncached_prompt_tokens, std::uint64_t context_tokens);
+  void end(std::uint64_t ticket, bool had_first_token, std::uint64_t uncached_prompt_tokens,
+           std::uint64_t context_tokens);
   std::uint32_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
   std::uint64_t pending_prefill_tokens() const { return pending_prefill_.load(std::memory_order_relaxed); }
   std::uint64_t active_decode_tokens() const { return active_decode_.load(std::memory_order_relaxed); }
@@ -110,9 +116,13 @@ class Worker {
   std::uint64_t models_version() const { return models_version_.load(std::memory_order_acquire); }
 
   // Router-tracked load and reported telemetry; performance rates are filled in by the router's learner.
-  policy::WorkerView view() const;
+  // `now` dates the prefill queue's elapsed time (one clock read for a whole snapshot in fill_views()).
+  policy::WorkerView view(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) const;
 
  private:
+  void leave_prefill_queue(std::uint64_t ticket, bool first_token);
+  void publish_prefill_queue();  // with prefill_mu_ held
+
   const WorkerId id_;
   const std::uint64_t serial_;
   const WorkerEndpoint endpoint_;
@@ -126,6 +136,16 @@ class Worker {
   std::atomic<std::uint64_t> models_version_{0};
   mutable std::mutex mu_;
   WorkerTelemetry telemetry_;  // guarded by mu_
+  // Requests sent and not past their first token: ticket (in sending order) -> estimated prefill seconds.
+  // Writers update it under prefill_mu_ and publish the summary view() reads without a lock: the total, the
+  // oldest entry (-1 when empty) and when the worker last returned a first token (or the queue started).
+  std::mutex prefill_mu_;
+  std::map<std::uint64_t, double> prefill_queue_;  // guarded by prefill_mu_
+  double prefill_queue_total_s_ = 0;               // guarded by prefill_mu_
+  std::uint64_t next_ticket_ = 1;                  // guarded by prefill_mu_
+  std::atomic<double> prefill_total_s_{0.0};
+  std::atomic<double> prefill_oldest_s_{-1.0};
+  std::atomic<std::chrono::steady_clock::rep> prefill_since_{0};
   std::vector<std::string> models_;  // guarded by mu_; empty: not known
 };
 

@@ -14,6 +14,7 @@
 #include "hashing/computing_prefixes.h"
 #include "hashing/prefix_index.h"
 #include "policy/rate_learner.h"
+#include "policy/recent_quantile.h"
 
 namespace kvroute::bench {
 
@@ -242,6 +243,11 @@ class FleetSim {
     // Router-tracked load.
     std::uint32_t in_flight = 0;
     std::uint64_t pending_prefill = 0;
+    // The same requests oldest first, with their prefill estimates (as backends::Worker keeps them), and when
+    // the worker last returned a first token.
+    std::deque<std::pair<std::uint64_t, double>> prefill_queue;
+    double prefill_queue_s = 0;
+    double prefill_since = 0;
     std::uint64_t active_decode = 0;
     // Last polled metrics.
     std::uint32_t running = 0, waiting = 0;
@@ -332,7 +338,7 @@ class FleetSim {
           continue;
         }
         Flight& f = flights_[ws.held[i].id];
-        if (!engines_[e].submit(std::move(*f.held), te)) unsubmit(static_cast<WorkerId>(e), f);
+        if (!engines_[e].submit(std::move(*f.held), te)) unsubmit(static_cast<WorkerId>(e), ws.held[i].id, f);
         f.held.reset();
         ws.held[i] = ws.held.back();
         ws.held.pop_back();
@@ -354,7 +360,10 @@ class FleetSim {
     WorkerState& ws = workers_[w];
     f.first_token = t;
     f.cached = cached;
+    tail_.add(t - f.arrival);
     ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
+    leave_prefill_queue(ws, id);
+    ws.prefill_since = t;
     // The router sees a streamed first token: when the worker's event stored the last block this request
     // computed, against now, teaches the worker's commit timing (Router::first_byte).
     computing_.first_token(w, f.computing, t);
@@ -467,6 +476,11 @@ class FleetSim {
       v.healthy = true;
       v.in_flight = ws.in_flight;
       v.pending_prefill_tokens = ws.pending_prefill;
+      if (!ws.prefill_queue.empty()) {
+        v.pending_prefill_s = ws.prefill_queue_s;
+        v.oldest_prefill_s = ws.prefill_queue.front().second;
+        v.prefill_elapsed_s = t - ws.prefill_since;
+      }
       v.active_decode_tokens = ws.active_decode;
       v.running = ws.running;
       v.waiting = ws.waiting;
@@ -498,6 +512,7 @@ class FleetSim {
     ctx.affinity_key = r.affinity_key;
     ctx.sequence = r.id;
     ctx.random = mix(o_.seed, r.id);
+    ctx.fleet_tail_ttft_s = tail_.value();
     const std::optional<policy::Pick> pick = policy_.pick(ctx);
     const auto t1 = std::chrono::steady_clock::now();
     decision_us_.push_back(static_cast<float>(std::chrono::duration<double, std::micro>(t1 - t0).count()));
@@ -558,19 +573,35 @@ class FleetSim {
       return;
     }
     f.submitted = true;
+    if (ws.prefill_queue.empty()) ws.prefill_since = t;
+    const double prefill_s = policy::prefill_seconds(static_cast<double>(f.predicted_uncached),
+                                                     static_cast<double>(r.prompt_tokens - f.predicted_uncached),
+                                                     views_[wi].prefill_tokens_per_s);
+    ws.prefill_queue.emplace_back(r.id, prefill_s);
+    ws.prefill_queue_s += prefill_s;
     ws.in_flight += 1;
     ws.pending_prefill += f.predicted_uncached;
     ws.routed += 1;
   }
 
   // A held request the engine refused when it was released: undoes what routing it counted.
-  void unsubmit(WorkerId w, Flight& f) {
+  void unsubmit(WorkerId w, std::uint64_t id, Flight& f) {
     WorkerState& ws = workers_[w];
+    leave_prefill_queue(ws, id);
     ++rejected_;
     f.submitted = false;
     ws.in_flight -= 1;
     ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
     computing_.end(w, f.computing);
+  }
+
+  static void leave_prefill_queue(WorkerState& ws, std::uint64_t id) {
+    auto it = std::find_if(ws.prefill_queue.begin(), ws.prefill_queue.end(),
+                           [id](const auto& e) { return e.first == id; });
+    if (it == ws.prefill_queue.end()) return;
+    ws.prefill_queue_s -= it->second;
+    ws.prefill_queue.erase(it);
+    if (ws.prefill_queue.empty()) ws.prefill_queue_s = 0;
   }
 
   void dump() const {
@@ -639,6 +670,8 @@ class FleetSim {
   policy::RateLearner learner_;
   std::unordered_map<std::uint64_t, std::pair<std::size_t, double>> sessions_;  // session -> (worker, last use)
   std::vector<float> decision_us_;
+  // The TTFT tail kv_cost prices (policy/recent_quantile.h), over the first tokens of this run.
+  policy::RecentQuantile tail_{policy::kFleetTailWindow, policy::kFleetTailQuantile};
   std::uint64_t gpu_blocks_ = 0;
   std::uint32_t max_running_ = 256;
   bool cpu_tier_ = false;

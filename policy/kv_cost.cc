@@ -7,9 +7,13 @@
 //                                                      policy/rate_learner.h)
 //   queue    = max(pending / P,                      work admitted ahead of this request: at the reference rate,
 //                  prefill_seconds(pending, 0, P))     or attention-weighted when so much is pending that a long
-//                                                      prompt must be among it (the view has no per-request sizes)
-//            + ceil((pending + m) / chunk) x step     each chunked-prefill step also runs the decode batch;
-//                                                      step = the worker's decode step at its current batch
+//                                                      prompt must be among it
+//              behind a long prefill (the oldest pending one estimated at 1 s or more): at least the sum of
+//              the pending requests' own estimates (attention to their cached context included), less the
+//              time the worker has spent on them since its last first token, up to half the oldest's estimate
+//            + ceil((pending' + m) / chunk) x step    each chunked-prefill step also runs the decode batch;
+//                                                      step = the worker's decode step at its current batch;
+//                                                      pending' = pending scaled as the queue was
 //   admit    = wait for admission: beyond the running-sequence cap, (requests over the cap) x out x step / cap
 //              (slots free as running requests finish); with the KV pool full (usage >= 0.9), the time for
 //              the pool to turn over the prefill queued ahead plus this request, about out x step per pool
@@ -21,8 +25,9 @@
 //   dup      = 5 x prefill time of the tokens some other worker holds but this one would recompute
 //   idle     = the fleet's spare prefill: the shortest prefill queue (pending / P) of any healthy worker
 //   delay    = 0.2 x out x step                       (this request's own decode time on the worker's batch)
+//   tail     = for prompts of 24K tokens or more: 10 x max(0, TTFT - the fleet's recent p97 TTFT)
 //   cost     = TTFT x (1 + TTFT / 5 s) + alpha x (evict + dup x (1 + 4 TTFT / 5 s + idle / 25 ms))
-//              + beta x delay
+//              + beta x delay + tail
 //
 // The TTFT part of the cost is convex: a second of queueing costs 1 + 2 TTFT / 5 s, so a long prompt (whose
 // TTFT is seconds, and which sets the p99) goes where it starts soonest, while for short requests the cache
@@ -33,14 +38,16 @@
 // It grows with the load of the whole fleet as well (kFleetBusySeconds): a recomputation is paid for with GPU
 // time, which is free while some worker idles and taken from other requests once every worker has a queue.
 //
-// What made the difference on the benchmark (docs/benchmarks.md): pricing admission (running cap and full
-// KV pool) and the batch-dependent decode step, so sessions and long chats are not stacked on a worker
-// whose TTFT looks fine until its pool fills; the duplicate term, so a conversation is not moved off the
-// worker holding its context for a small queueing gain; attention-aware prefill times, also for the queue
-// (a request holding a prefix no longer waits 14 s behind a 190K prompt the estimate priced at 4 s); the
-// convex TTFT cost; and dropping the old "stall of the worker's decode batch" term (beta x prefill time of m
-// on any decoding worker), a cliff of several seconds between an idle and a busy worker that sent long
-// prompts to idle-decode workers with long prefill queues.
+// What made the difference on the benchmark (docs/benchmarks.md): pricing admission (running cap and full KV pool)
+// and the batch-dependent decode step, so sessions and long chats are not stacked on a worker whose TTFT looks fine
+// until its pool fills; the duplicate term, so a conversation is not moved off the worker holding its context for a
+// small queueing gain; attention-aware prefill times, also for the queue (a request holding a prefix no longer waits
+// 14 s behind a 190K prompt the estimate priced at 4 s); the convex TTFT cost; the queue of a worker behind a long
+// prefill counted with its progress and its attention to cached context, together with the tail price (the first
+// keeps conversations with their context at high load, the second keeps long prompts from waiting into the tail
+// while another worker would serve them sooner; either alone loses what the other wins); and dropping the old "stall
+// of the worker's decode batch" term (beta x prefill time of m on any decoding worker), a cliff of several seconds
+// between an idle and a busy worker that sent long prompts to idle-decode workers with long prefill queues.
 //
 // P, X and the step time come from the WorkerView: learned online from completed requests by
 // policy::RateLearner, starting from the worker's profile. Blocks a worker evicted are not in the index, so
@@ -88,6 +95,30 @@ constexpr double kFleetBusySeconds = 0.025;
 constexpr double kDecodeWeight = 0.2;
 // Scale of the convex TTFT cost (Terms::cost): at a TTFT of kTailSeconds a second more counts three times.
 constexpr double kTailSeconds = 5.0;
+// The queue behind a long prefill. The router counts a pending request's uncached tokens in full until its
+// first token, however much of it is done, so it overstates a busy worker's queue: on the conversation trace at
+// 1.25x the knee, requests sent to a worker with 8K-128K tokens pending had a median real TTFT of 0.36-0.45 x
+// kv_cost's estimate (docs/benchmarks.md, "Tried since", eighth round), and conversations left holders that
+// were 2-3 s from serving them. When the oldest pending prefill is estimated at kLongPrefillSeconds or more,
+// the queue is at least the sum of the pending requests' own estimates (a prefill after 100K cached tokens
+// costs far more than its token count says) and is credited the time spent on them since the worker's last
+// first token, up to kProgressShare of the oldest one's estimate (the rest is left as a margin: estimates of
+// the longest prefills run short). Shorter prefills keep the plain estimate, which is why the generators,
+// whose prompts prefill in well under a second, are routed exactly as before. Shares of 0.2-0.7 were measured
+// (docs/benchmarks.md, eighth round); 0.5 is kept, with the tail price below.
+constexpr double kLongPrefillSeconds = 1.0;
+constexpr double kProgressShare = 0.5;
+// The tail price: a long prompt (kLongPromptTokens or more) pays kTailPriceWeight per second its TTFT on a
+// worker would exceed the fleet's recent p97 TTFT (RoutingContext::fleet_tail_ttft_s). Such a prompt waiting
+// behind another long prefill for its cached prefix enters the tail, when recomputing it on a free worker
+// would stay below it (synthetic trace at 0.75x the knee: 62K-token prompts fully cached on a worker busy
+// with a 191K-token prefill). Short prompts never reach the tail by queueing alone at these loads, and
+// charging them moved saturated generator cells (weights 1-10 on every prompt: 13-16 of the 18 cells).
+// Weights 5, 10 and 20: synthetic p99 lower than both baselines at 8, 13 and 12 of 15 band loads,
+// conversation hit rate at 90 % of the capacity bound at 11, 12 and 10 of 12 (before this and the queue
+// change: 8 of 15 and 7 of 12).
+constexpr double kLongPromptTokens = 24000.0;
+constexpr double kTailPriceWeight = 10.0;
 
 class KvCost final : public RoutingPolicy {
  public:
@@ -97,14 +128,14 @@ class KvCost final : public RoutingPolicy {
   bool waits_for_computing_prefix() const override { return true; }
 
   struct Terms {
-    double ttft = 0, evict = 0, dup = 0, delay = 0;
+    double ttft = 0, evict = 0, dup = 0, delay = 0, tail = 0;
     // Convex in TTFT (ttft x (1 + ttft / kTailSeconds)): a second of queueing costs more the longer the request
     // already takes, so long prompts, which set the p99, go where they start soonest, while for short requests
     // the cache terms still decide. The duplicate term scales with TTFT as well (kDuplicateTailWeight) and with
     // the fleet's shortest prefill queue, `idle_queue_s` (kFleetBusySeconds).
     double cost(const PolicyOptions& o, double idle_queue_s) const {
       const double dup_scale = 1.0 + kDuplicateTailWeight * ttft / kTailSeconds + idle_queue_s / kFleetBusySeconds;
-      return ttft * (1.0 + ttft / kTailSeconds) + o.alpha * (evict + dup * dup_scale) + o.beta * delay;
+      return ttft * (1.0 + ttft / kTailSeconds) + o.alpha * (evict + dup * dup_scale) + o.beta * delay + tail;
     }
   };
 
@@ -125,10 +156,17 @@ class KvCost final : public RoutingPolicy {
     Terms t;
 
     const double prefill = prefill_seconds(m, T - m, P) + c / X;
-    const double steps = std::ceil((pending + m) / kChunkTokens);
     // Pending prefill at the reference rate, or, when there is so much of it that a long prompt must be among
     // it, at that prompt's attention-weighted cost (a queued 190K prompt takes 24 s, not 190K / P = 7 s).
-    const double queue = std::max(pending / P, prefill_seconds(pending, 0.0, P)) + (decoding ? steps * step : 0.0);
+    const double plain = std::max(pending / P, prefill_seconds(pending, 0.0, P));
+    double queued = plain;
+    if (w.oldest_prefill_s >= kLongPrefillSeconds && plain > 0) {
+      const double credit = std::min(w.prefill_elapsed_s, kProgressShare * w.oldest_prefill_s);
+      queued = std::max(0.0, std::max(plain, w.pending_prefill_s) - credit);
+    }
+    const double pending_left = plain > 0 ? pending * std::min(1.0, queued / plain) : 0.0;
+    const double steps = std::ceil((pending_left + m) / kChunkTokens);
+    const double queue = queued + (decoding ? steps * step : 0.0);
     double admit = 0.0;
     const double cap = static_cast<double>(std::max<std::uint32_t>(w.max_running, 1));
     const double excess = static_cast<double>(w.in_flight) + 1.0 - cap;
@@ -145,6 +183,9 @@ class KvCost final : public RoutingPolicy {
     }
     if (most_matched > matched) t.dup = kDuplicateWeight * prefill_seconds(most_matched - matched, matched, P);
     t.delay = kDecodeWeight * out * step;
+    if (T >= kLongPromptTokens && ctx.fleet_tail_ttft_s > 0) {
+      t.tail = kTailPriceWeight * std::max(0.0, t.ttft - ctx.fleet_tail_ttft_s);
+    }
     return t;
   }
 

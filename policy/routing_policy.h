@@ -36,6 +36,12 @@ struct WorkerView {
   std::uint32_t in_flight = 0;                // requests sent and not finished
   std::uint64_t pending_prefill_tokens = 0;   // uncached prompt tokens sent and not yet past first token
   std::uint64_t active_decode_tokens = 0;     // context tokens of requests in decode
+  // The same pending requests in estimated seconds, each priced when it was sent with prefill_seconds() of its
+  // uncached tokens after its cached ones (policy/rate_learner.h): their sum, the oldest one's, and the time
+  // since the worker last returned a first token (or since the first of them was sent, if later).
+  double pending_prefill_s = 0;
+  double oldest_prefill_s = 0;
+  double prefill_elapsed_s = 0;
   // Reported by the worker (metrics), 0 when unknown.
   std::uint32_t running = 0;
   std::uint32_t waiting = 0;
@@ -66,6 +72,7 @@ struct RoutingContext {
   std::string_view affinity_key;               // text some baselines hash (first user message, model)
   std::uint64_t sequence = 0;                  // request number, for round robin
   std::uint64_t random = 0;                    // a uniform random draw for this request
+  double fleet_tail_ttft_s = 0;                // the fleet's recent TTFT tail (policy/recent_quantile.h), 0 unknown
 
   std::uint32_t matched_blocks(std::size_t i) const { return match ? match->of(workers[i].id) : 0; }
   std::uint32_t matched_cpu_blocks(std::size_t i) const { return match ? match->cpu_of(workers[i].id) : 0; }

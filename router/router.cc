@@ -131,6 +131,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   ctx.affinity_key = request.affinity_key;
   ctx.sequence = sequence_.fetch_add(1, std::memory_order_relaxed);
   ctx.random = mix(ctx.sequence);
+  ctx.fleet_tail_ttft_s = ttft_tail_.value();
   if (policy_->uses_prefix_match()) {
     match_prefix(request, match);
     ctx.match = &match;
@@ -179,7 +180,10 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   // routed chain's missing blocks as predicted at once (as Dynamo's KV router tracks in-flight blocks), the
   // events confirm them, and whatever is still unconfirmed when the request ends is dropped. Only token
   // chains can be confirmed (events carry token ids), so text chains are not recorded.
-  d.worker->begin(d.uncached_tokens);
+  d.prefill_ticket = d.worker->begin(
+      d.uncached_tokens, policy::prefill_seconds(static_cast<double>(d.uncached_tokens),
+                                                 static_cast<double>(request.prompt_tokens - d.uncached_tokens),
+                                                 chosen.prefill_tokens_per_s));
   if (!d.worker->precise()) {
     index_.record(d.worker->id(), request.chain.hashes);
   } else if (request.chain.unit == hashing::Unit::kToken) {
@@ -334,11 +338,12 @@ void Router::first_byte(Decision& d) {
   d.first_byte_seen = true;
   d.first_byte_at = std::chrono::steady_clock::now();
   d.ttft_s = std::chrono::duration<double>(d.first_byte_at - d.start).count();
-  d.worker->first_token(d.uncached_tokens, d.prompt_tokens);
+  d.worker->first_token(d.prefill_ticket, d.uncached_tokens, d.prompt_tokens);
   // A streamed request's first byte is its first token: when the worker's event stored the last block it
   // computed, against now, tells when the worker makes blocks hits (hashing/computing_prefixes.h).
   computing_done(d, d.streamed);
   if (d.worker->removed() || d.background) return;  // removed: its id may be another worker's (complete())
+  if (d.streamed) ttft_tail_.add(d.ttft_s);  // only a streamed response's first byte is its first token
   if (auto s = metrics_.worker(d.worker->id())) s->ttft->Observe(d.ttft_s);
 }
 
@@ -352,7 +357,7 @@ void Router::complete(Decision& d, const Outcome& outcome) {
     if (d.background && !d.streamed && outcome.ok && !d.response_id.empty() && !d.worker->removed()) {
       hold_background(d);
     } else {
-      d.worker->end(d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
+      d.worker->end(d.prefill_ticket, d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
     }
   }
   metrics_.request_seconds(total);
@@ -406,7 +411,7 @@ void Router::complete(Decision& d, const Outcome& outcome) {
 }
 
 void Router::hold_background(const Decision& d) {
-  HeldBackground h{d.worker, d.first_byte_seen, d.uncached_tokens, d.prompt_tokens,
+  HeldBackground h{d.worker, d.first_byte_seen, d.uncached_tokens, d.prompt_tokens, d.prefill_ticket,
                    std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                          std::chrono::duration<double>(config_.request_timeout_s))};
   std::optional<HeldBackground> replaced;
@@ -473,7 +478,7 @@ void Router::expire_background(std::chrono::steady_clock::time_point now) {
 }
 
 void Router::release(const HeldBackground& h) {
-  h.worker->end(h.first_token, h.uncached, h.context);
+  h.worker->end(h.prefill_ticket, h.first_token, h.uncached, h.context);
   if (h.worker->removed()) return;
   if (auto s = metrics_.worker(h.worker->id())) s->in_flight->Set(h.worker->in_flight());
 }

@@ -22,6 +22,7 @@
 #include "hashing/computing_prefixes.h"
 #include "hashing/prefix_index.h"
 #include "policy/rate_learner.h"
+#include "policy/recent_quantile.h"
 #include "policy/routing_policy.h"
 #include "router/cache_pools.h"
 #include "router/config.h"
@@ -47,6 +48,7 @@ struct Decision {
   // TTFT and no usage; unless streamed, its load stays held after that answer (Router::holds_background).
   bool background = false;
   double queue_s = 0;              // prefill work the router believed queued ahead at dispatch (seconds)
+  std::uint64_t prefill_ticket = 0;  // its place in the worker's prefill queue (backends::Worker::begin)
   std::uint64_t decode_context_tokens = 0;  // the worker's active decode tokens at dispatch
   std::vector<hashing::BlockHash> expected;  // precise mode: blocks predicted at dispatch, settled at the end
   // Prompt tokens one LRU holding the whole KV capacity of the worker's pool would have served
@@ -164,6 +166,7 @@ class Router {
     std::shared_ptr<backends::Worker> worker;
     bool first_token = false;
     std::uint64_t uncached = 0, context = 0;
+    std::uint64_t prefill_ticket = 0;
     std::chrono::steady_clock::time_point deadline;
   };
   void hold_background(const Decision& d);
@@ -181,6 +184,8 @@ class Router {
   HoldWaiters hold_waiters_;  // before index_, whose store listener reaches it
   hashing::PrefixIndex index_;
   policy::RateLearner learner_;
+  // The TTFTs of the fleet's recent first tokens, for kv_cost's tail price (RoutingContext::fleet_tail_ttft_s).
+  policy::RecentQuantile ttft_tail_{policy::kFleetTailWindow, policy::kFleetTailQuantile};
   CachePools cache_pools_;  // each pool's capacity as one cache, for kvroute_fleet_cache_hit_tokens_total
   std::atomic<std::uint64_t> sequence_{0};
 

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 namespace kvroute::backends {
 namespace {
 
@@ -59,21 +62,60 @@ TEST(WorkerRegistry, FindsAWorkerByNameOrId) {
 
 TEST(Worker, LoadAccountingBalances) {
   Worker w(0, *parse_worker_url("http://a:1"));
-  w.begin(100);
-  w.begin(50);
+  const auto a = w.begin(100, 0.5);
+  const auto b = w.begin(50, 0.25);
   auto v = w.view();
   EXPECT_EQ(v.in_flight, 2u);
   EXPECT_EQ(v.pending_prefill_tokens, 150u);
-  w.first_token(100, 400);
+  EXPECT_DOUBLE_EQ(v.pending_prefill_s, 0.75);
+  w.first_token(a, 100, 400);
   v = w.view();
   EXPECT_EQ(v.pending_prefill_tokens, 50u);
+  EXPECT_DOUBLE_EQ(v.pending_prefill_s, 0.25);
   EXPECT_EQ(v.active_decode_tokens, 400u);
-  w.end(true, 100, 400);
-  w.end(false, 50, 70);
+  w.end(a, true, 100, 400);
+  w.end(b, false, 50, 70);
   v = w.view();
   EXPECT_EQ(v.in_flight, 0u);
   EXPECT_EQ(v.pending_prefill_tokens, 0u);
+  EXPECT_EQ(v.pending_prefill_s, 0.0);
   EXPECT_EQ(v.active_decode_tokens, 0u);
+}
+
+// The prefill queue kv_cost reads: its total and oldest estimate, and the time since the worker's last first
+// token, which restarts with every first token. A request that ends without one (cancelled, failed) leaves
+// the queue without restarting that clock.
+TEST(Worker, PrefillQueueReportsItsOldestEntryAndTheTimeSinceTheLastFirstToken) {
+  Worker w(0, *parse_worker_url("http://a:1"));
+  EXPECT_EQ(w.view().oldest_prefill_s, 0.0);
+  EXPECT_EQ(w.view().prefill_elapsed_s, 0.0);
+  const auto a = w.begin(90'000, 6.0);
+  const auto b = w.begin(2'000, 0.1);
+  const auto c = w.begin(4'000, 0.2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto v = w.view();
+  EXPECT_NEAR(v.pending_prefill_s, 6.3, 1e-9);
+  EXPECT_DOUBLE_EQ(v.oldest_prefill_s, 6.0);
+  const double before = v.prefill_elapsed_s;
+  EXPECT_GE(before, 0.2);
+  w.first_token(a, 90'000, 90'100);
+  v = w.view();
+  EXPECT_DOUBLE_EQ(v.oldest_prefill_s, 0.1);
+  EXPECT_LT(v.prefill_elapsed_s, before);  // restarted
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  w.end(b, false, 2'000, 2'000);  // cancelled while queued
+  v = w.view();
+  EXPECT_NEAR(v.pending_prefill_s, 0.2, 1e-9);
+  EXPECT_DOUBLE_EQ(v.oldest_prefill_s, 0.2);
+  EXPECT_GE(v.prefill_elapsed_s, 0.2);  // not restarted
+  w.first_token(c, 4'000, 4'100);
+  v = w.view();
+  EXPECT_EQ(v.pending_prefill_s, 0.0);
+  EXPECT_EQ(v.oldest_prefill_s, 0.0);
+  EXPECT_EQ(v.prefill_elapsed_s, 0.0);
+  w.end(a, true, 90'000, 90'100);
+  w.end(c, true, 4'000, 4'100);
+  EXPECT_EQ(w.view().in_flight, 0u);
 }
 
 

@@ -6,6 +6,7 @@
 
 #include "policy/policies.h"
 #include "policy/rate_learner.h"
+#include "policy/recent_quantile.h"
 #include "policy/routing_policy.h"
 
 namespace kvroute::policy {
@@ -229,6 +230,53 @@ TEST(KvCost, LeavesThePrefixHolderOnlyWhileTheFleetHasSpareCapacity) {
   EXPECT_EQ(pick->reason, Reason::kPrefixHit);
 }
 
+// Behind a long prefill, the queue is credited the time the worker has spent on it since its last first token,
+// up to half the oldest pending prefill, and counts the pending requests' own estimates when they are larger
+// (their attention to cached context). Behind short prefills the plain estimate stands.
+TEST(KvCost, QueueBehindALongPrefillCountsItsProgress) {
+  auto p = make("kv_cost");
+  Scene s(1);
+  WorkerView& w = s.workers[0];
+  w.prefill_tokens_per_s = 1000;
+  w.pending_prefill_tokens = 3000;  // 3 s at the reference rate
+  w.pending_prefill_s = 3.0;
+  w.oldest_prefill_s = 3.0;
+  const double fresh = p->estimate(s.context(), 0);
+  w.prefill_elapsed_s = 1.0;
+  EXPECT_NEAR(fresh - p->estimate(s.context(), 0), 1.0, 1e-9);
+  w.prefill_elapsed_s = 10.0;  // overdue: the credit stops at half the oldest's estimate
+  EXPECT_NEAR(fresh - p->estimate(s.context(), 0), 1.5, 1e-9);
+  w.pending_prefill_s = 9.0;  // the pending requests attend to long cached contexts
+  EXPECT_NEAR(p->estimate(s.context(), 0) - fresh, 9.0 - 1.5 - 3.0, 1e-9);
+  w.pending_prefill_s = 3.0;
+  w.oldest_prefill_s = 0.5;  // a short prefill at the head: no correction
+  EXPECT_NEAR(p->estimate(s.context(), 0), fresh, 1e-9);
+}
+
+// A prompt of 24K tokens or more pays for the TTFT it would have above the fleet's recent tail, so it does not
+// wait into the tail for part of its prefix when another worker would serve it below. Shorter prompts do not.
+TEST(KvCost, LongPromptsAvoidWaitingIntoTheFleetsTail) {
+  auto p = make("kv_cost");
+  Scene s(2);
+  for (auto& w : s.workers) w.prefill_tokens_per_s = 10000;
+  s.chain.hashes.assign(300, 0);
+  s.match.blocks = {100, 0};                // worker 0 holds a third of the prompt
+  s.workers[0].pending_prefill_tokens = 40000;  // and is busy for about 5 s
+  auto ctx = s.context();
+  ctx.prompt_tokens = 30000;
+  EXPECT_EQ(p->pick(ctx)->worker, 0u);  // tail unknown
+  ctx.fleet_tail_ttft_s = 4.0;          // waiting there takes it past the tail; recomputing does not
+  EXPECT_EQ(p->pick(ctx)->worker, 1u);
+  ctx.fleet_tail_ttft_s = 8.0;          // both below the tail
+  EXPECT_EQ(p->pick(ctx)->worker, 0u);
+  s.chain.hashes.assign(200, 0);        // a 20K-token prompt is not priced
+  ctx.prompt_tokens = 20000;
+  ctx.fleet_tail_ttft_s = 0;
+  const auto unpriced = p->pick(ctx)->worker;
+  ctx.fleet_tail_ttft_s = 0.5;
+  EXPECT_EQ(p->pick(ctx)->worker, unpriced);
+}
+
 TEST(KvCost, CpuTierCostsTransferNotRecompute) {
   auto p = make("kv_cost");
   Scene s(2);
@@ -273,6 +321,20 @@ TEST(SessionAffinity, KeepsBoundWorkerWithinMarginOnly) {
   }
   s.workers[1].healthy = false;  // a bound worker that is down is replaced
   EXPECT_EQ(rr->pick(s.context())->worker, 0u);
+}
+
+// The tail kv_cost prices: a quantile of the last `window` values, recomputed every few additions, unknown
+// (0) until enough values came.
+TEST(RecentQuantile, QuantileOfTheLastWindowValues) {
+  RecentQuantile q(/*window=*/100, /*q=*/0.97, /*every=*/10, /*min_values=*/50);
+  for (int i = 0; i < 49; ++i) q.add(i);
+  EXPECT_EQ(q.value(), 0.0);
+  q.add(49);                       // 0..49: the 97th percentile is the 48th smallest (index 47)
+  EXPECT_EQ(q.value(), 47.0);
+  for (int i = 0; i < 100; ++i) q.add(1000 + i);  // the window holds only these now
+  EXPECT_EQ(q.value(), 1096.0);
+  for (int i = 0; i < 10; ++i) q.add(std::nan(""));  // not a value: ignored, nothing recomputed
+  EXPECT_EQ(q.value(), 1096.0);
 }
 
 }  // namespace

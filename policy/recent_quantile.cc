@@ -1,0 +1,33 @@
+#include "policy/recent_quantile.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvroute::policy {
+
+RecentQuantile::RecentQuantile(std::size_t window, double q, std::size_t every, std::size_t min_values)
+    : window_(std::max<std::size_t>(window, 1)),
+      q_(std::clamp(q, 0.0, 1.0)),
+      every_(std::max<std::size_t>(every, 1)),
+      min_values_(std::max<std::size_t>(min_values, 1)) {
+  ring_.reserve(window_);
+}
+
+void RecentQuantile::add(double v) {
+  if (!std::isfinite(v)) return;
+  std::lock_guard lock(mu_);
+  if (ring_.size() < window_) {
+    ring_.push_back(v);
+  } else {
+    ring_[next_] = v;
+    next_ = (next_ + 1) % window_;
+  }
+  ++added_;
+  if (added_ % every_ != 0 || ring_.size() < min_values_) return;
+  scratch_.assign(ring_.begin(), ring_.end());
+  const auto k = static_cast<std::size_t>(q_ * static_cast<double>(scratch_.size() - 1));
+  std::nth_element(scratch_.begin(), scratch_.begin() + static_cast<std::ptrdiff_t>(k), scratch_.end());
+  value_.store(scratch_[k], std::memory_order_relaxed);
+}
+
+}  // namespace kvroute::policy

@@ -1,0 +1,46 @@
+// RecentQuantile: a quantile of the last `window` values added, recomputed every `every` additions so that
+// reading it costs a load. The router and the fleet simulator keep one over the TTFTs they observe: kv_cost's
+// tail price (policy/kv_cost.cc) reads the fleet's recent tail from it.
+//
+//   RecentQuantile tail(kFleetTailWindow, kFleetTailQuantile);
+//   tail.add(ttft_s);                  // each first token
+//   ctx.fleet_tail_ttft_s = tail.value();
+//
+// Thread safety: add() and value() may be called concurrently.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+#include <vector>
+
+namespace kvroute::policy {
+
+// The tail kv_cost prices: the 97th percentile of the last 4,000 first tokens. A window of a few thousand
+// requests spans minutes of traffic at the benchmark's loads, so one burst of long prompts does not move it much
+// (a window of 1,000 did: docs/benchmarks.md, "Tried since").
+inline constexpr std::size_t kFleetTailWindow = 4000;
+inline constexpr double kFleetTailQuantile = 0.97;
+
+class RecentQuantile {
+ public:
+  // `q` in [0, 1]; value() stays 0 until `min_values` values were added.
+  RecentQuantile(std::size_t window, double q, std::size_t every = 20, std::size_t min_values = 100);
+
+  void add(double v);
+  double value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  const std::size_t window_;
+  const double q_;
+  const std::size_t every_;
+  const std::size_t min_values_;
+  std::mutex mu_;
+  std::vector<double> ring_;  // guarded by mu_
+  std::vector<double> scratch_;  // guarded by mu_
+  std::size_t next_ = 0;         // guarded by mu_: where the next value goes once the ring is full
+  std::size_t added_ = 0;        // guarded by mu_
+  std::atomic<double> value_{0.0};
+};
+
+}  // namespace kvroute::policy
