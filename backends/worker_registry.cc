@@ -41,36 +41,32 @@ Result<WorkerEndpoint> parse_worker_url(std::string_view url) {
   return ep;
 }
 
+namespace {
+double steady_seconds(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+}  // namespace
+
 std::uint64_t Worker::begin(std::uint64_t uncached, double prefill_s) {
   in_flight_.fetch_add(1, std::memory_order_relaxed);
   pending_prefill_.fetch_add(uncached, std::memory_order_relaxed);
   std::lock_guard lock(prefill_mu_);
-  if (prefill_queue_.empty()) {
-    prefill_since_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-  }
   const std::uint64_t ticket = next_ticket_++;
-  prefill_queue_.emplace(ticket, prefill_s);
-  prefill_queue_total_s_ += prefill_s;
+  prefill_queue_.add(ticket, prefill_s, steady_seconds(std::chrono::steady_clock::now()));
   publish_prefill_queue();
   return ticket;
 }
 
 void Worker::leave_prefill_queue(std::uint64_t ticket, bool first_token) {
   std::lock_guard lock(prefill_mu_);
-  if (auto it = prefill_queue_.find(ticket); it != prefill_queue_.end()) {
-    prefill_queue_total_s_ -= it->second;
-    prefill_queue_.erase(it);
-  }
-  if (prefill_queue_.empty()) prefill_queue_total_s_ = 0;  // no rounding left over
-  if (first_token) {
-    prefill_since_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-  }
+  prefill_queue_.remove(ticket, first_token, steady_seconds(std::chrono::steady_clock::now()));
   publish_prefill_queue();
 }
 
 void Worker::publish_prefill_queue() {
-  prefill_total_s_.store(prefill_queue_total_s_, std::memory_order_relaxed);
-  prefill_oldest_s_.store(prefill_queue_.empty() ? -1.0 : prefill_queue_.begin()->second, std::memory_order_relaxed);
+  prefill_total_s_.store(prefill_queue_.total_s(), std::memory_order_relaxed);
+  prefill_oldest_s_.store(prefill_queue_.empty() ? -1.0 : prefill_queue_.oldest_s(), std::memory_order_relaxed);
+  prefill_since_s_.store(prefill_queue_.since(), std::memory_order_relaxed);
 }
 
 void Worker::first_token(std::uint64_t ticket, std::uint64_t uncached, std::uint64_t context) {
@@ -126,8 +122,7 @@ policy::WorkerView Worker::view(std::chrono::steady_clock::time_point now) const
   if (const double oldest = prefill_oldest_s_.load(std::memory_order_relaxed); oldest >= 0) {
     v.pending_prefill_s = prefill_total_s_.load(std::memory_order_relaxed);
     v.oldest_prefill_s = oldest;
-    const std::chrono::steady_clock::duration since(prefill_since_.load(std::memory_order_relaxed));
-    v.prefill_elapsed_s = std::max(0.0, std::chrono::duration<double>(now.time_since_epoch() - since).count());
+    v.prefill_elapsed_s = std::max(0.0, steady_seconds(now) - prefill_since_s_.load(std::memory_order_relaxed));
   }
   const WorkerTelemetry t = telemetry();
   if (t.valid) {

@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "hashing/prefix_index.h"
+#include "policy/prefill_queue.h"
 #include "policy/routing_policy.h"
 #include "util/result.h"
 
@@ -136,16 +136,15 @@ class Worker {
   std::atomic<std::uint64_t> models_version_{0};
   mutable std::mutex mu_;
   WorkerTelemetry telemetry_;  // guarded by mu_
-  // Requests sent and not past their first token: ticket (in sending order) -> estimated prefill seconds.
-  // Writers update it under prefill_mu_ and publish the summary view() reads without a lock: the total, the
-  // oldest entry (-1 when empty) and when the worker last returned a first token (or the queue started).
+  // Requests sent and not past their first token, by ticket (seconds on the steady clock). Writers update it
+  // under prefill_mu_ and publish the summary view() reads without a lock: its total, its oldest entry (-1 when
+  // empty) and when the worker last returned a first token (PrefillQueue::since).
   std::mutex prefill_mu_;
-  std::map<std::uint64_t, double> prefill_queue_;  // guarded by prefill_mu_
-  double prefill_queue_total_s_ = 0;               // guarded by prefill_mu_
-  std::uint64_t next_ticket_ = 1;                  // guarded by prefill_mu_
+  policy::PrefillQueue prefill_queue_;  // guarded by prefill_mu_
+  std::uint64_t next_ticket_ = 1;       // guarded by prefill_mu_
   std::atomic<double> prefill_total_s_{0.0};
   std::atomic<double> prefill_oldest_s_{-1.0};
-  std::atomic<std::chrono::steady_clock::rep> prefill_since_{0};
+  std::atomic<double> prefill_since_s_{0.0};
   std::vector<std::string> models_;  // guarded by mu_; empty: not known
 };
 

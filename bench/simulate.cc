@@ -13,6 +13,7 @@
 #include "backends/sim/engine.h"
 #include "hashing/computing_prefixes.h"
 #include "hashing/prefix_index.h"
+#include "policy/prefill_queue.h"
 #include "policy/rate_learner.h"
 #include "policy/recent_quantile.h"
 
@@ -243,11 +244,8 @@ class FleetSim {
     // Router-tracked load.
     std::uint32_t in_flight = 0;
     std::uint64_t pending_prefill = 0;
-    // The same requests oldest first, with their prefill estimates (as backends::Worker keeps them), and when
-    // the worker last returned a first token.
-    std::deque<std::pair<std::uint64_t, double>> prefill_queue;
-    double prefill_queue_s = 0;
-    double prefill_since = 0;
+    // The same requests with their prefill estimates, by request id (as backends::Worker keeps them).
+    policy::PrefillQueue prefill_queue;
     std::uint64_t active_decode = 0;
     // Last polled metrics.
     std::uint32_t running = 0, waiting = 0;
@@ -338,7 +336,7 @@ class FleetSim {
           continue;
         }
         Flight& f = flights_[ws.held[i].id];
-        if (!engines_[e].submit(std::move(*f.held), te)) unsubmit(static_cast<WorkerId>(e), ws.held[i].id, f);
+        if (!engines_[e].submit(std::move(*f.held), te)) unsubmit(static_cast<WorkerId>(e), ws.held[i].id, f, te);
         f.held.reset();
         ws.held[i] = ws.held.back();
         ws.held.pop_back();
@@ -362,8 +360,7 @@ class FleetSim {
     f.cached = cached;
     tail_.add(t - f.arrival);
     ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
-    leave_prefill_queue(ws, id);
-    ws.prefill_since = t;
+    ws.prefill_queue.remove(id, /*first_token=*/true, t);
     // The router sees a streamed first token: when the worker's event stored the last block this request
     // computed, against now, teaches the worker's commit timing (Router::first_byte).
     computing_.first_token(w, f.computing, t);
@@ -476,11 +473,7 @@ class FleetSim {
       v.healthy = true;
       v.in_flight = ws.in_flight;
       v.pending_prefill_tokens = ws.pending_prefill;
-      if (!ws.prefill_queue.empty()) {
-        v.pending_prefill_s = ws.prefill_queue_s;
-        v.oldest_prefill_s = ws.prefill_queue.front().second;
-        v.prefill_elapsed_s = t - ws.prefill_since;
-      }
+      ws.prefill_queue.fill(v, t);
       v.active_decode_tokens = ws.active_decode;
       v.running = ws.running;
       v.waiting = ws.waiting;
@@ -573,35 +566,25 @@ class FleetSim {
       return;
     }
     f.submitted = true;
-    if (ws.prefill_queue.empty()) ws.prefill_since = t;
-    const double prefill_s = policy::prefill_seconds(static_cast<double>(f.predicted_uncached),
-                                                     static_cast<double>(r.prompt_tokens - f.predicted_uncached),
-                                                     views_[wi].prefill_tokens_per_s);
-    ws.prefill_queue.emplace_back(r.id, prefill_s);
-    ws.prefill_queue_s += prefill_s;
+    ws.prefill_queue.add(r.id,
+                         policy::prefill_seconds(static_cast<double>(f.predicted_uncached),
+                                                 static_cast<double>(r.prompt_tokens - f.predicted_uncached),
+                                                 views_[wi].prefill_tokens_per_s),
+                         t);
     ws.in_flight += 1;
     ws.pending_prefill += f.predicted_uncached;
     ws.routed += 1;
   }
 
   // A held request the engine refused when it was released: undoes what routing it counted.
-  void unsubmit(WorkerId w, std::uint64_t id, Flight& f) {
+  void unsubmit(WorkerId w, std::uint64_t id, Flight& f, double t) {
     WorkerState& ws = workers_[w];
-    leave_prefill_queue(ws, id);
+    ws.prefill_queue.remove(id, /*first_token=*/false, t);
     ++rejected_;
     f.submitted = false;
     ws.in_flight -= 1;
     ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
     computing_.end(w, f.computing);
-  }
-
-  static void leave_prefill_queue(WorkerState& ws, std::uint64_t id) {
-    auto it = std::find_if(ws.prefill_queue.begin(), ws.prefill_queue.end(),
-                           [id](const auto& e) { return e.first == id; });
-    if (it == ws.prefill_queue.end()) return;
-    ws.prefill_queue_s -= it->second;
-    ws.prefill_queue.erase(it);
-    if (ws.prefill_queue.empty()) ws.prefill_queue_s = 0;
   }
 
   void dump() const {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "policy/policies.h"
+#include "policy/prefill_queue.h"
 #include "policy/rate_learner.h"
 #include "policy/recent_quantile.h"
 #include "policy/routing_policy.h"
@@ -321,6 +322,32 @@ TEST(SessionAffinity, KeepsBoundWorkerWithinMarginOnly) {
   }
   s.workers[1].healthy = false;  // a bound worker that is down is replaced
   EXPECT_EQ(rr->pick(s.context())->worker, 0u);
+}
+
+// The queue kv_cost reads behind a long prefill: total and oldest estimate by sending order, and the time since
+// the last first token, which a request ending without one does not restart.
+TEST(PrefillQueue, TotalOldestAndTimeSinceTheLastFirstToken) {
+  PrefillQueue q;
+  WorkerView v;
+  q.fill(v, 5.0);
+  EXPECT_EQ(v.pending_prefill_s, 0.0);
+  q.add(1, 6.0, 10.0);
+  q.add(2, 0.5, 11.0);
+  q.add(3, 1.0, 12.0);
+  q.fill(v, 13.0);
+  EXPECT_DOUBLE_EQ(v.pending_prefill_s, 7.5);
+  EXPECT_DOUBLE_EQ(v.oldest_prefill_s, 6.0);
+  EXPECT_DOUBLE_EQ(v.prefill_elapsed_s, 3.0);  // since the queue started
+  q.remove(1, /*first_token=*/true, 14.0);
+  q.remove(2, /*first_token=*/false, 15.0);  // cancelled
+  q.remove(9, /*first_token=*/false, 15.0);  // not queued: nothing happens
+  q.fill(v, 16.0);
+  EXPECT_DOUBLE_EQ(v.pending_prefill_s, 1.0);
+  EXPECT_DOUBLE_EQ(v.oldest_prefill_s, 1.0);
+  EXPECT_DOUBLE_EQ(v.prefill_elapsed_s, 2.0);  // since the first token at 14
+  q.remove(3, /*first_token=*/true, 17.0);
+  EXPECT_TRUE(q.empty());
+  EXPECT_EQ(q.total_s(), 0.0);
 }
 
 // The tail kv_cost prices: a quantile of the last `window` values, recomputed every few additions, unknown
