@@ -3,6 +3,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/json.hpp>
 
+#include "router/admin/admin_session.h"
+#include "router/api/api_handler.h"
+#include "router/client_session.h"
 #include "router/log.h"
 
 namespace kvroute::router {
@@ -10,6 +13,14 @@ namespace kvroute::router {
 namespace {
 std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
+}
+
+// One API connection: the client session, answering with the API's endpoints.
+void start_api_session(boost::asio::ip::tcp::socket&& socket, Services& svc) {
+  ClientSession::Options options{svc.config.max_body_bytes, svc.config.client_idle_timeout_s, svc.drain, svc.bodies,
+                                 &svc.metrics};
+  auto session = std::make_shared<ClientSession>(std::move(socket), std::move(options));
+  session->run(std::make_unique<api::ApiHandler>(*session, svc));
 }
 }  // namespace
 
@@ -72,18 +83,7 @@ Result<bool> App::start() {
                                                             }}));
   }
 
-  auto api_ep = resolve_listen(config_.listen);
-  if (!api_ep) return api_ep.error();
-  auto admin_ep = resolve_listen(config_.admin_listen);
-  if (!admin_ep) return admin_ep.error();
-  for (std::size_t i = 0; i < contexts_.size(); ++i) {
-    auto listener = std::make_shared<Listener>(*contexts_[i], *services_[i], Listener::Kind::kApi);
-    if (auto ok = listener->open(*api_ep, /*reuse_port=*/contexts_.size() > 1); !ok) return ok.error();
-    *api_ep = listener->local_endpoint();  // port 0 picks a port once; the other listeners share it
-    api_.push_back(std::move(listener));
-  }
-  admin_ = std::make_shared<Listener>(io_, *services_.front(), Listener::Kind::kAdmin);
-  if (auto ok = admin_->open(*admin_ep, false); !ok) return ok.error();
+  if (auto ok = open_listeners(); !ok) return ok;
 
   backends::HealthChecker::Options hopts;
   hopts.interval = ms(config_.health_interval_s);
@@ -133,6 +133,27 @@ Result<bool> App::start() {
                                    << "), policy " << config_.policy << ", " << config_.workers.size() << " workers"
                                    << (config_.discover.empty() ? "" : " plus those of --discover") << ", "
                                    << contexts_.size() << " I/O threads");
+  return true;
+}
+
+// One API listener per I/O thread, on one address, and the admin listener on the control-plane thread.
+Result<bool> App::open_listeners() {
+  auto api_ep = resolve_listen(config_.listen);
+  if (!api_ep) return api_ep.error();
+  auto admin_ep = resolve_listen(config_.admin_listen);
+  if (!admin_ep) return admin_ep.error();
+  for (std::size_t i = 0; i < contexts_.size(); ++i) {
+    auto listener = std::make_shared<Listener>(*contexts_[i], metrics_, [svc = services_[i].get()](auto&& socket) {
+      start_api_session(std::move(socket), *svc);
+    });
+    if (auto ok = listener->open(*api_ep, /*reuse_port=*/contexts_.size() > 1); !ok) return ok.error();
+    *api_ep = listener->local_endpoint();  // port 0 picks a port once; the other listeners share it
+    api_.push_back(std::move(listener));
+  }
+  admin_ = std::make_shared<Listener>(io_, metrics_, [svc = services_.front().get()](auto&& socket) {
+    std::make_shared<admin::AdminSession>(std::move(socket), *svc)->run();
+  });
+  if (auto ok = admin_->open(*admin_ep, false); !ok) return ok.error();
   return true;
 }
 

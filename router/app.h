@@ -26,9 +26,10 @@
 #include "backends/upstream.h"
 #include "backends/worker_registry.h"
 #include "router/config.h"
-#include "router/http_server.h"
+#include "router/listener.h"
 #include "router/metrics.h"
 #include "router/router.h"
+#include "router/services.h"
 
 namespace kvroute::router {
 
@@ -49,6 +50,7 @@ class App {
   boost::asio::ip::tcp::endpoint admin_endpoint() const { return admin_->local_endpoint(); }
 
  private:
+  Result<bool> open_listeners();
   // Precise mode: subscribes to a worker's KV events once its model (the events' namespace) is known.
   void start_events(const backends::Worker& worker);
   void subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint& ep, const std::string& model);

@@ -1,29 +1,20 @@
-// kvroute's HTTP front ends: the OpenAI-compatible API listener and the admin listener.
+// What the front ends of one I/O thread share: the daemon's components (Services), the drain state and the
+// budget of request bodies held at once.
 //
-// One ApiSession per client connection, owned by its pending operations (shared_from_this) and running on
-// the single thread of its listener's io_context. A routed request is parsed (bounded body), routed by Router,
-// and relayed to the worker through a pooled keep-alive connection: the response head is sent as soon as the
-// worker's arrives and the body is passed on piece by piece as it is read, never buffered whole, so
-// server-sent events stream. When the client goes away mid-request the upstream connection is closed, which
-// cancels the worker's request. A worker that refuses the connection is taken out of rotation and the
-// request, not yet sent, routed again. --request-timeout bounds the whole exchange: a worker that has not
-// answered by then gets the client a 504, and a response still streaming is cut. --client-idle-timeout bounds
-// the reading of each request. While draining (DrainState) every response closes its connection.
+// App builds one Services per I/O thread (its own upstream pool and drain counter; the rest shared) and
+// hands it to that thread's API sessions and, for the first thread, to the admin session.
 //
-//   Services svc{config, registry, router, pool, metrics, ...};
-//   auto api = std::make_shared<Listener>(io, endpoint, svc, Listener::Kind::kApi);
-//   api->run();
+//   Services svc{config, registry, router, pool, metrics, tokenize_cache, ...};
+//   auto api = std::make_shared<Listener>(io, metrics, [&](tcp::socket s) { ... });
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include <boost/json/object.hpp>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/steady_timer.hpp>
 
 #include "backends/upstream.h"
 #include "backends/worker_registry.h"
@@ -83,33 +74,5 @@ struct Services {
   // then calls the function given (on another thread).
   std::function<void(hashing::WorkerId, std::function<void()>)> refresh_models;
 };
-
-class Listener : public std::enable_shared_from_this<Listener> {
- public:
-  enum class Kind { kApi, kAdmin };
-  Listener(boost::asio::io_context& io, Services& services, Kind kind);
-  // Binds and listens; an error says which address failed and why. With reuse_port several listeners (one
-  // per I/O thread) share the address and the kernel spreads connections over them.
-  Result<bool> open(const boost::asio::ip::tcp::endpoint& endpoint, bool reuse_port);
-  void run();
-  void stop();
-  boost::asio::ip::tcp::endpoint local_endpoint() const;
-
- private:
-  void do_accept();
-  // accept() failed for want of a file descriptor or memory: wait before the next try (the connection stays
-  // queued in the kernel, so an immediate retry fails again at once, spinning a core and flooding the log).
-  void accept_later(const boost::system::error_code& ec);
-  boost::asio::io_context& io_;
-  boost::asio::ip::tcp::acceptor acceptor_;
-  boost::asio::steady_timer retry_;
-  std::chrono::steady_clock::time_point warned_at_{};  // the last "accept:" warning; later ones are counted
-  std::uint64_t unwarned_ = 0;
-  Services& services_;
-  Kind kind_;
-};
-
-// HOST:PORT to a TCP endpoint ("0.0.0.0:8080", "[::1]:9090", "localhost:80").
-Result<boost::asio::ip::tcp::endpoint> resolve_listen(const std::string& host_port);
 
 }  // namespace kvroute::router

@@ -1,0 +1,85 @@
+#include "router/admin/admin_session.h"
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/bind_handler.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/write.hpp>
+
+#include "router/admin/admin_api.h"
+
+namespace kvroute::router::admin {
+
+namespace beast = boost::beast;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+AdminSession::AdminSession(tcp::socket&& socket, Services& svc)
+    : stream_(std::move(socket)),
+      svc_(svc),
+      drain_(svc.drain),
+      max_body_bytes_(svc.config.max_body_bytes),
+      idle_timeout_s_(svc.config.client_idle_timeout_s) {}
+
+void AdminSession::run() {
+  asio::dispatch(stream_.get_executor(), beast::bind_front_handler(&AdminSession::do_read, shared_from_this()));
+}
+
+// The head first, so that a client waiting on "Expect: 100-continue" is told to send its body.
+void AdminSession::do_read() {
+  parser_.emplace();
+  parser_->header_limit(kHeaderLimit);
+  parser_->body_limit(max_body_bytes_);
+  stream_.expires_after(seconds(idle_timeout_s_));
+  http::async_read_header(stream_, buffer_, *parser_,
+                          [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
+}
+
+void AdminSession::on_header(beast::error_code ec) {
+  if (ec) return on_read(ec);
+  if (parser_->get().version() < 11 || !beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+    return read_body();
+  }
+  static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+  asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
+                    [self = shared_from_this()](beast::error_code wec, std::size_t) {
+                      if (wec) return self->on_read(wec);
+                      self->read_body();
+                    });
+}
+
+void AdminSession::read_body() {
+  http::async_read(stream_, buffer_, *parser_,
+                   [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
+}
+
+void AdminSession::on_read(beast::error_code ec) {
+  if (ec) {
+    const auto failure = read_failure(ec, max_body_bytes_);
+    if (!failure) return close();
+    close_after_ = true;
+    return answer(error_response(*failure));
+  }
+  req_ = parser_->release();
+  close_after_ = !req_.keep_alive() || drain_->draining;
+  request_id_ = request_id_of(req_);
+  answer(serve(req_, svc_));
+}
+
+void AdminSession::answer(std::shared_ptr<StringResponse> res) {
+  prepare_answer(*res, request_id_, !close_after_);
+  stream_.expires_after(seconds(idle_timeout_s_));
+  http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, std::size_t) {
+    if (ec || self->close_after_ || self->drain_->draining) return self->close();
+    self->do_read();
+  });
+}
+
+void AdminSession::close() {
+  beast::error_code ec;
+  stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  stream_.socket().close(ec);
+}
+
+}  // namespace kvroute::router::admin

@@ -1,0 +1,350 @@
+#include "router/exchange.h"
+
+#include <cstdio>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/string.hpp>
+
+namespace kvroute::router {
+
+namespace beast = boost::beast;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+namespace {
+// How long an exchange runs before the router watches its client for a disconnect. Each wait costs a system
+// call (the reactor re-arms the socket), a seventh of all a short relayed request makes; a client that leaves
+// sooner is noticed that much later, or when its response is written.
+constexpr auto kWatchClientAfter = std::chrono::milliseconds(200);
+}  // namespace
+
+Exchange::Exchange(ClientSession& client, Services& svc, RelayObserver& observer, ExchangeEvents& events)
+    : client_(client),
+      svc_(svc),
+      observer_(observer),
+      events_(events),
+      deadline_(client.executor(), [this] { on_deadline(); }),
+      watch_(client.executor(), [this] { on_watch_due(); }) {}
+
+void Exchange::start(std::shared_ptr<backends::Worker> worker, std::string_view body) {
+  worker_ = std::move(worker);
+  build_request_head(body);
+  acquire(false);
+}
+
+// HTTP/1.1 to the worker: keep-alive by default, the body re-framed by its length.
+void Exchange::build_request_head(std::string_view body) {
+  const StringRequest& req = client_.request();
+  if (body.empty()) body = req.body();
+  up_head_.clear();
+  up_head_.append(req.method_string());
+  up_head_.push_back(' ');
+  up_head_.append(req.target());
+  up_head_.append(" HTTP/1.1\r\n");
+  for (const auto& f : req) {
+    if (!hop_by_hop(f.name(), f.name_string()) && !beast::iequals(f.name_string(), "x-request-id")) {
+      append_field(up_head_, f.name_string(), f.value());
+    }
+  }
+  append_field(up_head_, "Host", worker_->endpoint().name);
+  append_field(up_head_, "x-request-id", client_.request_id());
+  append_field(up_head_, "Content-Length", std::to_string(body.size()));
+  up_head_.append("\r\n");
+  up_body_view_ = body;
+}
+
+void Exchange::acquire(bool fresh_only) {
+  svc_.pool.acquire(
+      *worker_,
+      [this, keep = client_.keep()](beast::error_code ec, backends::UpstreamPool::Lease l) {
+        // An idle pooled connection is handed over inline (same thread): dispatch runs it at once.
+        asio::dispatch(client_.executor(),
+                       [this, keep, ec, l = std::move(l)]() mutable { on_connect(ec, std::move(l)); });
+      },
+      fresh_only);
+}
+
+void Exchange::on_connect(beast::error_code ec, backends::UpstreamPool::Lease lease) {
+  if (ec) return events_.on_connect_failed(ec);
+  lease_ = std::move(lease);
+  // The exchange runs on the plain sockets (tcp_stream arms its timer on every operation): --request-timeout
+  // holds for the whole exchange, from here to the end of the relayed body.
+  awaiting_head_ = true;
+  const auto now = std::chrono::steady_clock::now();
+  deadline_.set(now + seconds(svc_.config.request_timeout_s), client_.weak_from_this());
+  watch_.set(now + kWatchClientAfter, client_.weak_from_this());
+  Pieces out;
+  out.add(up_head_.data(), up_head_.size());
+  out.add(up_body_view_.data(), up_body_view_.size());
+  asio::async_write(lease_.stream->socket(), out,
+                    asio::bind_executor(client_.executor(), [this, keep = client_.keep()](beast::error_code e,
+                                                                                          std::size_t n) {
+                      on_request_written(e, n);
+                    }));
+}
+
+// The exchange's handlers return at once when cancel() ended it (no lease) while their operation was already
+// queued.
+void Exchange::on_request_written(beast::error_code ec, std::size_t) {
+  if (!lease_.stream) return;
+  if (ec) return failed("sending to worker " + worker_->name() + ": " + ec.message(), lease_.reused);
+  up_buffer_.clear();
+  new_parser();
+  read_head();
+}
+
+void Exchange::new_parser() {
+  up_parser_.emplace();
+  up_parser_->body_limit(boost::none);
+  up_parser_->header_limit(kHeaderLimit);
+}
+
+// Reads until the worker's head is complete; body bytes that came with it stay in up_buffer_.
+void Exchange::read_head() {
+  beast::error_code ec;
+  if (up_buffer_.size() > 0) {
+    const std::size_t n = up_parser_->put(up_buffer_.data(), ec);
+    up_buffer_.consume(n);
+    if (ec == http::error::need_more) ec = {};
+  }
+  if (ec) return failed("reading from worker " + worker_->name() + ": " + ec.message(), false);
+  if (up_parser_->is_header_done()) {
+    // An interim response (100 Continue, 103 Early Hints) precedes the real one: skip it.
+    const unsigned status = up_parser_->get().result_int();
+    if (status >= 100 && status < 200 && status != 101) {
+      new_parser();
+      return read_head();
+    }
+    return on_head();
+  }
+  lease_.stream->socket().async_read_some(
+      up_buffer_.prepare(kRelayChunk),
+      asio::bind_executor(client_.executor(), [this, keep = client_.keep()](beast::error_code e, std::size_t n) {
+        on_head_bytes(e, n);
+      }));
+}
+
+void Exchange::on_head_bytes(beast::error_code ec, std::size_t n) {
+  if (!lease_.stream) return;
+  up_buffer_.commit(n);
+  // A reused keep-alive connection the worker closed while idle ends at once: retried once, fresh.
+  if (ec) return failed("reading from worker " + worker_->name() + ": " + ec.message(), lease_.reused);
+  read_head();
+}
+
+void Exchange::on_head() {
+  awaiting_head_ = false;
+  auto& up = up_parser_->get();
+  client_.set_status(up.result_int());
+  const bool event_stream = up[http::field::content_type].find("text/event-stream") != std::string_view::npos;
+  const bool rewritten = observer_.on_head(up.result_int(), event_stream, *worker_, client_.request_id());
+  down_chunked_ = build_response_head(rewritten);
+  head_pending_ = true;
+  down_last_ = false;
+  // Eager: one read passes on every chunk it brought (an SSE stream is a chunk per event), not one chunk.
+  up_parser_->eager(true);
+  // Body bytes that came with the head go out with it in one write; otherwise the head goes out alone now.
+  if (up_buffer_.size() > 0 || up_parser_->is_done()) {
+    beast::error_code perr;
+    const std::size_t got = parse_buffered(perr);
+    if (perr) return failed("reading from worker " + worker_->name() + ": " + perr.message(), false);
+    if (got > 0 || up_parser_->is_done()) return relay_piece(got, up_parser_->is_done());
+  }
+  write_down(nullptr, 0, false);
+}
+
+// The client's head: the worker's, less the hop-by-hop fields, framed for the client. Returns whether the
+// relay chunk-frames the body.
+bool Exchange::build_response_head(bool rewritten) {
+  auto& up = up_parser_->get();
+  const unsigned status = up.result_int();
+  down_head_.clear();
+  down_head_.append("HTTP/1.1 ");
+  down_head_.append(std::to_string(status));
+  down_head_.push_back(' ');
+  down_head_.append(up.reason().empty() ? http::obsolete_reason(up.result()) : up.reason());
+  down_head_.append("\r\n");
+  for (const auto& f : up) {
+    const std::string_view name = f.name_string();
+    if (hop_by_hop(f.name(), name) || f.name() == http::field::server || beast::iequals(name, "x-request-id") ||
+        beast::iequals(name, "x-kvroute-worker")) {
+      continue;
+    }
+    append_field(down_head_, name, f.value());
+  }
+  append_field(down_head_, "Server", "kvroute");
+  if (!client_.request_id().empty()) append_field(down_head_, "x-request-id", client_.request_id());
+  if (svc_.config.worker_header) append_field(down_head_, "x-kvroute-worker", worker_->name());
+  bool chunked = false;
+  if (rewritten) {
+    chunked = true;  // the body shrinks by the removed event
+  } else if (auto len = up_parser_->content_length()) {
+    append_field(down_head_, "Content-Length", std::to_string(*len));
+  } else if (up_parser_->is_done() || status == 204 || status == 304) {
+    append_field(down_head_, "Content-Length", "0");
+  } else {
+    chunked = true;
+  }
+  if (chunked && client_.request().version() < 11) {
+    // An HTTP/1.0 client knows no chunked coding (RFC 9112 section 6.1): the body ends where the connection does.
+    chunked = false;
+    client_.set_close_after();
+  }
+  if (chunked) append_field(down_head_, "Transfer-Encoding", "chunked");
+  if (client_.close_after()) append_field(down_head_, "Connection", "close");
+  down_head_.append("\r\n");
+  return chunked;
+}
+
+// Parses body bytes already in up_buffer_ into relay_ without touching the socket; returns how many it
+// produced. A chunk header cut in two (need_more) or a full relay_ (need_buffer) just ends the pass.
+std::size_t Exchange::parse_buffered(beast::error_code& ec) {
+  auto& body = up_parser_->get().body();
+  body.data = relay_.data();
+  body.size = relay_.size();
+  while (up_buffer_.size() > 0 && body.size > 0 && !up_parser_->is_done()) {
+    const std::size_t n = up_parser_->put(up_buffer_.data(), ec);
+    up_buffer_.consume(n);
+    if (ec == http::error::need_more || ec == http::error::need_buffer) {
+      ec = {};
+      break;
+    }
+    if (ec || n == 0) break;
+  }
+  return relay_.size() - body.size;
+}
+
+void Exchange::read_body() {
+  if (up_parser_->is_done()) return relay_piece(0, true);
+  beast::error_code perr;
+  const std::size_t got = parse_buffered(perr);
+  if (perr) return broke_off(perr);
+  if (got > 0 || up_parser_->is_done()) return relay_piece(got, up_parser_->is_done());
+  // Plain socket reads, parsed here: Beast's read_some on an eager parser goes back to the socket whenever the
+  // input ends at a chunk boundary (need_more), so each SSE event waited for the next, and a stream reached
+  // the client only in 16 KB pieces or at its end.
+  lease_.stream->socket().async_read_some(
+      up_buffer_.prepare(kRelayChunk),
+      asio::bind_executor(client_.executor(), [this, keep = client_.keep()](beast::error_code e, std::size_t n) {
+        on_body_bytes(e, n);
+      }));
+}
+
+void Exchange::on_body_bytes(beast::error_code ec, std::size_t n) {
+  if (!lease_.stream) return;
+  up_buffer_.commit(n);
+  if (ec == asio::error::eof) {
+    // A body delimited by the end of the connection (no length, not chunked) is complete now; any other is cut.
+    up_parser_->put_eof(ec);
+    if (!ec && up_parser_->is_done()) return relay_piece(0, true);
+  }
+  if (ec) return broke_off(ec);
+  read_body();
+}
+
+void Exchange::relay_piece(std::size_t got, bool last) {
+  const std::string_view out = observer_.on_body(std::string_view(relay_.data(), got), last);
+  if (out.empty() && !last) return read_body();
+  write_down(out.data(), out.size(), last);
+}
+
+// Sends the next piece of the response to the client: the head if it has not gone out yet, then `size` bytes
+// of body, chunk-framed for a chunked response (plus the last chunk when `last`).
+void Exchange::write_down(const char* data, std::size_t size, bool last) {
+  Pieces out;
+  if (head_pending_) {
+    out.add(down_head_.data(), down_head_.size());
+    head_pending_ = false;
+  }
+  if (down_chunked_) {
+    if (size > 0) {
+      const int n = std::snprintf(chunk_line_.data(), chunk_line_.size(), "%zx\r\n", size);
+      out.add(chunk_line_.data(), static_cast<std::size_t>(n));
+      out.add(data, size);
+      out.add("\r\n", 2);
+    }
+    if (last) out.add("0\r\n\r\n", 5);
+  } else {
+    out.add(data, size);
+  }
+  down_last_ = last;
+  asio::async_write(client_.socket(), out, [this, keep = client_.keep()](beast::error_code ec, std::size_t n) {
+    on_down_written(ec, n);
+  });
+}
+
+void Exchange::on_down_written(beast::error_code ec, std::size_t) {
+  if (!lease_.stream) return;
+  if (ec) return events_.on_client_write_failed();
+  if (!down_last_) return read_body();
+  events_.on_relayed(up_parser_->keep_alive());
+}
+
+// The exchange outlived --request-timeout (a LazyDeadline: an exchange costs a clock read, not a timer
+// operation). Before the worker's head the client gets a 504; after it, the head is already out and both
+// connections close. Either way the worker sees its connection close and cancels the request.
+void Exchange::on_deadline() {
+  if (!lease_.stream) return;  // no exchange under way
+  close_upstream();
+  if (awaiting_head_) {
+    return failed("worker " + worker_->name() + " did not answer within --request-timeout (" +
+                      fmt_seconds(svc_.config.request_timeout_s) + ")",
+                  false, 504, "worker_timeout");
+  }
+  broke_off(beast::error::timeout);
+}
+
+// The exchange under way has run kWatchClientAfter: its client is watched from now on.
+void Exchange::on_watch_due() {
+  if (lease_.stream) client_.watch_disconnect();
+}
+
+void Exchange::fail(std::string why, unsigned status, const char* code) { failed(std::move(why), false, status, code); }
+
+void Exchange::failed(std::string why, bool retry_fresh, unsigned status, const char* code) {
+  if (lease_.stream) {
+    svc_.pool.release(std::move(lease_), false);
+    lease_ = {};
+  }
+  // A reused keep-alive connection may have been closed by the worker while idle: retry once, fresh.
+  if (retry_fresh && !retried_) {
+    retried_ = true;
+    return acquire(true);
+  }
+  retried_ = false;
+  events_.on_exchange_failed(ExchangeFailure{FailedAt::kBeforeFirstByte, std::move(why), status, code});
+}
+
+// The head is already out: the client can only learn of the failure by the connection closing.
+void Exchange::broke_off(beast::error_code ec) {
+  const std::string why = "worker " + worker_->name() + " broke off the response: " + ec.message();
+  events_.on_exchange_failed(ExchangeFailure{FailedAt::kAfterFirstByte, why});
+}
+
+void Exchange::cancel() {
+  if (lease_.stream) close_upstream();
+}
+
+void Exchange::close_upstream() {
+  orphan_ = lease_.stream;  // outlives the upstream operation still completing after the close
+  beast::error_code ignored;
+  lease_.stream->socket().shutdown(tcp::socket::shutdown_both, ignored);
+  lease_.stream->socket().close(ignored);
+}
+
+void Exchange::release(bool reusable) {
+  if (lease_.stream) {
+    lease_.stream->expires_never();
+    svc_.pool.release(std::move(lease_), reusable);
+  }
+  lease_ = {};
+}
+
+void Exchange::cancel_timers() {
+  deadline_.cancel();
+  watch_.cancel();
+}
+
+}  // namespace kvroute::router
