@@ -119,11 +119,7 @@ void Exchange::read_head() {
     }
     return on_head();
   }
-  lease_.stream->socket().async_read_some(
-      up_buffer_.prepare(kRelayChunk),
-      asio::bind_executor(client_.executor(), [this, keep = client_.keep()](beast::error_code e, std::size_t n) {
-        on_head_bytes(e, n);
-      }));
+  read_upstream(&Exchange::on_head_bytes);
 }
 
 void Exchange::on_head_bytes(beast::error_code ec, std::size_t n) {
@@ -225,10 +221,15 @@ void Exchange::read_body() {
   // Plain socket reads, parsed here: Beast's read_some on an eager parser goes back to the socket whenever the
   // input ends at a chunk boundary (need_more), so each SSE event waited for the next, and a stream reached
   // the client only in 16 KB pieces or at its end.
+  read_upstream(&Exchange::on_body_bytes);
+}
+
+// Reads what the worker sends next into up_buffer_; `next` takes it from there.
+void Exchange::read_upstream(void (Exchange::*next)(beast::error_code, std::size_t)) {
   lease_.stream->socket().async_read_some(
       up_buffer_.prepare(kRelayChunk),
-      asio::bind_executor(client_.executor(), [this, keep = client_.keep()](beast::error_code e, std::size_t n) {
-        on_body_bytes(e, n);
+      asio::bind_executor(client_.executor(), [this, next, keep = client_.keep()](beast::error_code e, std::size_t n) {
+        (this->*next)(e, n);
       }));
 }
 

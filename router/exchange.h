@@ -86,6 +86,7 @@ class Exchange {
   std::size_t parse_buffered(boost::beast::error_code& ec);
   void read_body();
   void on_body_bytes(boost::beast::error_code ec, std::size_t n);
+  void read_upstream(void (Exchange::*next)(boost::beast::error_code, std::size_t));
   void relay_piece(std::size_t got, bool last);
   void write_down(const char* data, std::size_t size, bool last);
   void on_down_written(boost::beast::error_code ec, std::size_t);
