@@ -67,7 +67,7 @@ struct Config {
   // recently used is forgotten. Clients that send a new session id or `user` with every request would
   // otherwise grow the map for a whole --session-ttl.
   std::size_t max_sessions = 250000;
-  // Request bodies held at once, over all connections (BodyBudget in router/http_server.h). 512 MiB leaves
+  // Request bodies held at once, over all connections (BodyBudget in router/services.h). 512 MiB leaves
   // room for the index and buffers in the chart's 2 GiB memory limit.
   std::uint64_t max_held_body_bytes = 512ull << 20;
   std::string tenant_header = "x-tenant-id";
