@@ -10,7 +10,8 @@
 // client gets an error answer) or after (the head is out: the client only learns of it by the connection
 // closing). One per client connection, reused by each of its requests, on the connection's thread.
 //
-//   exchange.start(worker, body);   // then exactly one of the ExchangeEvents, unless cancel() comes first
+//   exchange.start(worker, body);   // its end comes as an ExchangeEvents call; none after release()
+//   ... on_relayed(reusable):       exchange.release(reusable);
 #pragma once
 
 #include <array>
@@ -62,8 +63,6 @@ class Exchange {
   void start(std::shared_ptr<backends::Worker> worker, std::string_view body);
   // An exchange holds a worker connection (connected, not yet ended).
   bool active() const { return lease_.stream != nullptr; }
-  const std::shared_ptr<backends::Worker>& worker() const { return worker_; }
-  bool worker_keeps_alive() const { return up_parser_ && up_parser_->keep_alive(); }
   // Ends the exchange as failed before its first byte (after on_connect_failed): on_exchange_failed follows.
   void fail(std::string why, unsigned status = 502, const char* code = "worker_unavailable");
   // Closes the worker connection at once (the worker sees it close and cancels the request); the operations
