@@ -2,7 +2,7 @@
 #
 # Stage 1 builds with the project's own set-up (scripts/setup.sh: Debian 12 packages, CMake + Ninja), so the
 # image is built exactly as CI builds. Stage 2 is Debian 12 slim with only the shared libraries the two binaries
-# load (scripts/image.sh --check-libs proves the list against ldd), running as an unprivileged user.
+# load (`scripts/image.sh check-libs` proves the list against ldd), running as an unprivileged user.
 #
 #   docker build -t kvroute:0.1.0 .          # or: scripts/image.sh (builds, then serves the demo and checks it)
 #   docker run --rm -p 8080:8080 kvroute:0.1.0 --worker http://WORKER:8000 --admin-listen 0.0.0.0:9090
@@ -21,12 +21,12 @@ RUN bash scripts/setup.sh build \
  && strip --strip-unneeded /out/kvroute /out/kvroute-sim
 
 FROM ${DEBIAN_IMAGE} AS runtime
-# The runtime halves of the -dev packages in scripts/setup.sh (keep this list and RUNTIME_PACKAGES in
-# scripts/image.sh the same).
+# The libraries the binaries load (their other dependencies come with these packages). `scripts/image.sh
+# check-libs` (ctest image_runtime_libs) fails when a binary needs a library none of them brings, or when one
+# of them is not needed: add or remove packages here.
 RUN apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      libboost-json1.81.0 libprotobuf32 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libxxhash0 libzmq5 \
-      libyaml-cpp0.7 \
+      libboost-json1.81.0 libprotobuf32 libprometheus-cpp-core1.0 libyaml-cpp0.7 libzmq5 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 65532 kvroute \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin kvroute

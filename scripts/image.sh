@@ -51,7 +51,7 @@ runtime_packages() {
 }
 
 check_libs() {
-  local bin_dir="${KVROUTE_BIN_DIR:-$ROOT/build/bin}" pkgs closure missing=0 b lib path owner
+  local bin_dir="${KVROUTE_BIN_DIR:-$ROOT/build/bin}" pkgs closure missing=0 b lib path owner used=""
   pkgs="$(runtime_packages)"
   [[ -n "$pkgs" ]] || die "no runtime packages found in the Dockerfile"
   command -v apt-cache >/dev/null && command -v dpkg >/dev/null || die "check-libs needs Debian's apt-cache and dpkg"
@@ -77,14 +77,18 @@ check_libs() {
       if [[ -z "$owner" ]]; then
         echo "FAIL  $b needs $lib ($path), which no Debian package owns" >&2; missing=1
       elif grep -qx "$owner" <<<"$closure"; then
-        echo "ok    $b: $lib from $owner"
+        echo "ok    $b: $lib from $owner"; used+="$owner"$'\n'
       else
         echo "FAIL  $b needs $lib from $owner, which the runtime stage does not install" >&2; missing=1
       fi
     done < <(ldd "$bin_dir/$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3} $1 ~ /^\// {print $1, $1}')
   done
-  [[ $missing -eq 0 ]] || die "the runtime stage misses libraries (add their packages to the Dockerfile)"
-  echo "every shared library of kvroute and kvroute-sim comes with the runtime stage's packages"
+  # Only runtime libraries: every package the stage names must provide a library one of the binaries loads.
+  for p in $pkgs; do
+    grep -qx "$p" <<<"$used" || { echo "FAIL  the runtime stage installs $p, which neither binary loads" >&2; missing=1; }
+  done
+  [[ $missing -eq 0 ]] || die "the runtime stage's package list is wrong (see FAIL lines; Dockerfile, stage runtime)"
+  echo "every shared library of kvroute and kvroute-sim comes with the runtime stage's packages, and each of them is used"
 }
 
 smoke() {
