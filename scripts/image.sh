@@ -50,6 +50,23 @@ runtime_packages() {
     tr ' \\' '\n\n' | grep -E '^lib[a-z0-9.+-]+$' | sort -u
 }
 
+# OWNERS: `dpkg -S` over every library both binaries load, in one call (each call reads the whole file
+# database); a path is tried as given, resolved, and with or without /usr (merged /usr).
+load_owners() {
+  local paths=() cand
+  while read -r cand; do
+    paths+=("$cand" "$(readlink -f "$cand")" "/usr$cand" "${cand#/usr}")
+  done < <(ldd "$@" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
+  OWNERS="$(dpkg -S "${paths[@]}" 2>/dev/null || true)"
+}
+lib_owner() {  # lib_owner PATH: its package, from OWNERS
+  local cand
+  for cand in "$1" "$(readlink -f "$1")" "/usr$1" "${1#/usr}"; do
+    awk -F': ' -v p="$cand" '$2 == p {split($1, a, ":"); print a[1]; exit}' <<<"$OWNERS" | grep . && return 0
+  done
+  return 0
+}
+
 check_libs() {
   local bin_dir="${KVROUTE_BIN_DIR:-$ROOT/build/bin}" pkgs closure missing=0 b lib path owner used=""
   pkgs="$(runtime_packages)"
@@ -64,16 +81,18 @@ check_libs() {
     grep -qx "$p" <<<"$closure" || die "runtime package $p is unknown to apt (run apt-get update?)"
   done
   echo "runtime packages: $(echo $pkgs)"
+  LIB_BINS=()
   for b in kvroute kvroute-sim; do
     [[ -x "$bin_dir/$b" ]] || die "$bin_dir/$b not found (build it, or set KVROUTE_BIN_DIR)"
+    LIB_BINS+=("$bin_dir/$b")
+  done
+  load_owners "${LIB_BINS[@]}"
+  for b in kvroute kvroute-sim; do
     if ldd "$bin_dir/$b" | grep -q 'not found'; then
       ldd "$bin_dir/$b" | grep 'not found' >&2; die "$b has unresolved libraries on this machine"
     fi
     while read -r lib path; do
-      owner=""
-      for cand in "$path" "$(readlink -f "$path")" "/usr$path" "${path#/usr}"; do
-        owner="$(dpkg -S "$cand" 2>/dev/null | head -n1 | cut -d: -f1)" && [[ -n "$owner" ]] && break
-      done
+      owner="$(lib_owner "$path")"
       if [[ -z "$owner" ]]; then
         echo "FAIL  $b needs $lib ($path), which no Debian package owns" >&2; missing=1
       elif grep -qx "$owner" <<<"$closure"; then

@@ -232,7 +232,7 @@ std::string verdict(const PlanInput& in, const PlanStep& b) {
 }
 
 // The remedies a configuration took, for "GPUs needed".
-std::string label(const PlanStep& s) { return s.name == "as given" ? "no remedy needed" : "after remedy " + s.name; }
+std::string label(const PlanStep& s) { return s.name == "as given" ? "no other remedy" : "after remedy " + s.name; }
 
 std::string step_line(const PlanInput& in, const PlanStep& s) {
   std::string r = "  " + s.name + ": " + tok(s.tokens_total) + " cached tokens, KV " + gib(s.kv_bytes_total) +
