@@ -1,9 +1,10 @@
 // The capacity planner; the arithmetic and its sources are in plan.h and profile.h.
 #include "backends/sim/plan.h"
 
+#include "backends/sim/internal/format.h"
+
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <optional>
 
 namespace kvroute::sim {
@@ -176,11 +177,7 @@ Result<Plan> make_plan(const PlanInput& in) {
 
 namespace {
 
-std::string fmt(const char* f, double a) {
-  char buf[96];
-  std::snprintf(buf, sizeof buf, f, a);
-  return buf;
-}
+std::string fmt(const char* f, double a) { return internal::format_number(f, a); }
 std::string gib(double b) { return fmt("%.1f GiB", b / kGiB); }
 // 147456 -> "147,456".
 std::string tok(double t) {

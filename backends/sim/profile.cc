@@ -1,9 +1,10 @@
 // Model/GPU profiles and KV sizing; formulas and sources in profile.h and profiles/README.md.
 #include "backends/sim/profile.h"
 
+#include "backends/sim/internal/format.h"
+
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -294,11 +295,7 @@ KvSizing kv_sizing(const ModelProfile& model, const GpuProfile& gpu, double gpu_
 }
 
 namespace {
-std::string fmt(const char* f, double a) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, a);
-  return buf;
-}
+std::string fmt(const char* f, double a) { return internal::format_number(f, a); }
 std::string bytes_str(double b) {
   return fmt("%.2f GB", b / 1e9) + " = " + fmt("%.1f GiB", b / 1073741824.0);
 }
