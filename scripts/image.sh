@@ -19,7 +19,7 @@
 #   IMAGE            image name (default kvroute:<appVersion of helm/kvroute/Chart.yaml>, the chart's default)
 #   KVROUTE_BIN_DIR  check-libs: directory with the built kvroute and kvroute-sim (default build/bin)
 #   API_PORT         smoke: loopback port for the router's API (default 18080; admin is API_PORT+1)
-# Exit status: 0 passed, 1 failed, 2 usage or no container engine.
+# Exit status: 0 passed, 1 failed, 2 usage or no container engine, 77 check-libs without apt package lists.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 APP_VERSION="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$ROOT/helm/kvroute/Chart.yaml")"
@@ -77,8 +77,11 @@ check_libs() {
   # shellcheck disable=SC2086
   closure="$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces \
     --no-enhances $pkgs 2>/dev/null | grep -E '^[a-z0-9]' | sort -u)"
+  if [[ -z "$closure" ]]; then  # no package lists on this machine: nothing to check against
+    echo "SKIP: apt knows none of the runtime packages (run apt-get update)"; exit 77
+  fi
   for p in $pkgs; do
-    grep -qx "$p" <<<"$closure" || die "runtime package $p is unknown to apt (run apt-get update?)"
+    grep -qx "$p" <<<"$closure" || die "runtime package $p is unknown to apt (misspelled in the Dockerfile?)"
   done
   echo "runtime packages: $(echo $pkgs)"
   LIB_BINS=()
