@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Checks the Helm chart in helm/kvroute:
-#   1. helm lint, and helm template with default and with non-default values;
+#   1. helm lint, and helm template with default values, with non-default values and with every option on
+#      (autoscaling, NetworkPolicy, EndpointSlice discovery and its RBAC, shared state in the chart's Redis,
+#      the admin token); values.schema.json refuses misspelled keys and bad values; NOTES.txt for each way of
+#      finding workers;
 #   2. the kvroute config the chart renders into its ConfigMap is accepted by kvroute itself (kvroute is started
 #      with it on loopback ports and must come up and serve /health);
 #   3. the Grafana dashboard is valid JSON, and every kvroute_* series it (or the PrometheusRule) queries is
@@ -131,6 +134,64 @@ dashboard:
   namespace: monitoring
 EOF
 
+# Every option on (the Secrets named here would exist in the cluster).
+cat >"$WORK/all-values.yaml" <<'EOF'
+replicaCount: 2
+workers:
+  urls:
+    - http://127.0.0.1:18011
+    - url: http://127.0.0.1:18012
+      kvEvents: tcp://127.0.0.1:18013
+      kvEventsReplay: tcp://127.0.0.1:18014
+      model: llama-3.1-8b
+      dpSize: 2
+  discover: ["localhost:18019,kv_events_port=18020,model=llama-3.1-8b"]
+  discoverK8s: ["vllm:http", "inference/sglang"]
+  pool:
+    enabled: true
+    discovery: true
+    headlessService: vllm-headless
+    kvEventsPort: 5557
+  apiKeySecret:
+    name: vllm-api-key
+config:
+  discover_interval: 2
+autoscaling:
+  enabled: true
+  minReplicas: 2
+  maxReplicas: 5
+  targetMemoryUtilizationPercentage: 80
+networkPolicy:
+  enabled: true
+redis:
+  enabled: true
+  persistence:
+    enabled: true
+admin:
+  token:
+    secretName: kvroute-admin
+metrics:
+  serviceMonitor:
+    enabled: true
+  prometheusRule:
+    enabled: true
+dashboard:
+  enabled: true
+podDisruptionBudget:
+  enabled: true
+EOF
+# An existing Redis with a password, sharing forced on for one replica.
+cat >"$WORK/redis-url-values.yaml" <<'EOF'
+replicaCount: 1
+sharedState:
+  enabled: true
+  prefix: team-a
+  redis:
+    url: redis://redis.shared.svc:6379/2
+    passwordSecret:
+      name: redis-auth
+EOF
+
 if "$HELM_BIN" lint --strict "$CHART" >"$WORK/lint.log" 2>&1; then pass "helm lint (default values)"; else cat "$WORK/lint.log" >&2; fail "helm lint (default values)"; fi
 if "$HELM_BIN" lint --strict "$CHART" -f "$WORK/custom-values.yaml" >"$WORK/lint2.log" 2>&1; then
   pass "helm lint (custom values)"
@@ -147,6 +208,60 @@ render() {  # render NAME [helm args...]
   fi
 }
 render default || true
+render all -f "$WORK/all-values.yaml" || true
+render redisurl -f "$WORK/redis-url-values.yaml" || true
+render redisone --set replicaCount=1 --set redis.enabled=true || true
+if "$HELM_BIN" lint --strict "$CHART" -f "$WORK/all-values.yaml" >"$WORK/lint3.log" 2>&1; then
+  pass "helm lint (every option on)"
+else
+  cat "$WORK/lint3.log" >&2; fail "helm lint (every option on)"
+fi
+
+# values.schema.json: a misspelled key anywhere, or a value of the wrong kind, is refused with its path.
+refused() {  # refused WHAT EXPECTED_IN_MESSAGE [helm args...]
+  local what="$1" expect="$2"; shift 2
+  if "$HELM_BIN" template kvr "$CHART" "$@" >"$WORK/refused.out" 2>&1; then
+    fail "the schema accepts $what"
+  elif grep -qF -- "$expect" "$WORK/refused.out"; then
+    pass "the schema refuses $what"
+  else
+    cat "$WORK/refused.out" >&2; fail "$what is refused, but the message does not name '$expect'"
+  fi
+}
+refused "a misspelled top-level key (replicaCont)" "replicaCont" --set replicaCont=3
+refused "a misspelled nested key (workers.pool.replica)" "'replica'" --set workers.pool.replica=3
+printf 'workers:\n  urls:\n    - url: http://10.0.0.1:8000\n      kvEvent: tcp://10.0.0.1:5557\n' >"$WORK/typo.yaml"
+refused "a misspelled worker key (kvEvent)" "/workers/urls/0" -f "$WORK/typo.yaml"
+refused "an unknown policy" "/policy" --set policy=kv-cost
+refused "a discoverK8s entry that is not [NAMESPACE/]SERVICE[:PORT]" "/workers/discoverK8s/0" --set 'workers.discoverK8s={http://vllm}'
+if "$HELM_BIN" template kvr "$CHART" --set sharedState.enabled=true >/dev/null 2>&1; then
+  fail "sharedState.enabled without a Redis is accepted"
+else
+  pass "sharedState.enabled without a Redis is refused"
+fi
+
+# NOTES.txt says how each worker source behaves (helm install --dry-run=client renders it without a cluster).
+notes() {  # notes NAME [helm args...]: NOTES.txt into $WORK/NAME.notes
+  local name="$1"; shift
+  "$HELM_BIN" install kvr "$CHART" --namespace router --dry-run=client "$@" 2>&1 | sed -n '/^NOTES:/,$p' >"$WORK/$name.notes"
+}
+notes_check() {  # notes_check NAME MUST_CONTAIN MUST_NOT_CONTAIN
+  if grep -qF -- "$2" "$WORK/$1.notes" && ! grep -qF -- "$3" "$WORK/$1.notes"; then
+    pass "NOTES ($1)"
+  else
+    cat "$WORK/$1.notes" >&2; fail "NOTES ($1): expected '$2' and not '$3'"
+  fi
+}
+notes discover --set 'workers.discover={vllm-headless:8000}'
+notes_check discover "resolved again every 5 s" "no workers are configured"
+notes pooldns --set workers.pool.enabled=true --set workers.pool.discovery=true
+notes_check pooldns "scaling the pool needs no helm upgrade" "run \`helm upgrade"
+notes poolfixed --set workers.pool.enabled=true
+notes_check poolfixed "helm upgrade --set workers.pool.replicas=N" "no workers are configured"
+notes k8s --set 'workers.discoverK8s={vllm:http}'
+notes_check k8s "Service router/vllm:http, watched through its EndpointSlices" "no workers are configured"
+notes none
+notes_check none "no workers are configured" "Workers:"
 render custom -f "$WORK/custom-values.yaml" || true
 render urls --set 'workers.urls={http://127.0.0.1:18001,http://127.0.0.1:18002}' --set policy=round_robin || true
 render discover --set workers.pool.enabled=true --set workers.pool.discovery=true --set workers.pool.kvEventsPort=5557 \
@@ -169,7 +284,7 @@ except ImportError:
     sys.exit("PyYAML is required (apt-get install python3-yaml)")
 
 errors = []
-for name in ("default", "custom", "urls", "discover"):
+for name in ("default", "custom", "urls", "discover", "all"):
     p = work / f"{name}.yaml"
     if not p.exists():
         continue
@@ -192,7 +307,7 @@ for name in ("default", "custom", "urls", "discover"):
         errors.append(f"{name}: pod does not run as non-root")
     if "--config=/etc/kvroute/kvroute.yaml" not in c["args"]:
         errors.append(f"{name}: kvroute is not started with the ConfigMap's file")
-    ports = sorted(s["spec"]["ports"][0]["port"] for s in kinds["Service"])
+    ports = sorted(s["spec"]["ports"][0]["port"] for s in kinds["Service"] if not s["metadata"]["name"].endswith("-redis"))
     if ports != [8080, 9090]:
         errors.append(f"{name}: Service ports are {ports}, expected 8080 and 9090")
     cms = [d for d in kinds["ConfigMap"] if "kvroute.yaml" in d.get("data", {})]
@@ -222,11 +337,142 @@ for name in ("default", "custom", "urls", "discover"):
         for kind in ("ServiceMonitor", "PrometheusRule"):
             if kind in kinds:
                 errors.append(f"default: {kind} is rendered although it is off by default")
+
+def load(name):
+    p = work / f"{name}.yaml"
+    docs = [d for d in yaml.safe_load_all(p.read_text()) if d] if p.exists() else []
+    kinds = {}
+    for d in docs:
+        kinds.setdefault(d["kind"], []).append(d)
+    return kinds
+
+def container(kinds):
+    return kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
+
+def check_default(d):
+    pod = d["Deployment"][0]["spec"]["template"]["spec"]
+    for kind in ("HorizontalPodAutoscaler", "NetworkPolicy", "Role", "RoleBinding", "StatefulSet", "Secret"):
+        if kind in d:
+            errors.append(f"default: {kind} is rendered although its option is off")
+    if pod.get("automountServiceAccountToken") is not False:
+        errors.append("default: the service-account token is mounted without EndpointSlice discovery")
+    spread = pod.get("topologySpreadConstraints", [])
+    if sorted(t["topologyKey"] for t in spread) != ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]:
+        errors.append("default: replicas are not spread over nodes and zones")
+    if "podAntiAffinity" not in pod.get("affinity", {}):
+        errors.append("default: no pod anti-affinity between replicas")
+    if any(a.startswith(("--shared-state", "--discover-k8s", "--admin-token-file")) for a in container(d)["args"]):
+        errors.append("default: an optional feature's flag is set")
+    if d["Deployment"][0]["spec"].get("replicas") != 2:
+        errors.append("default: the Deployment does not run replicaCount (2) pods")
+
+def check_rbac(a, pod):
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in a.get("Role", [])}
+    if sorted(ns for ns, _ in roles) != ["inference", "router"]:
+        errors.append(f"all: Roles are in {sorted(roles)}, expected inference and router")
+    for r in roles.values():
+        rule = r["rules"][0]
+        if rule["apiGroups"] != ["discovery.k8s.io"] or rule["resources"] != ["endpointslices"] \
+                or not {"list", "watch"} <= set(rule["verbs"]) or len(r["rules"]) != 1:
+            errors.append(f"all: Role {r['metadata']} grants more or less than list/watch endpointslices")
+    for rb in a.get("RoleBinding", []):
+        s = rb["subjects"][0]
+        if s["name"] != pod["serviceAccountName"] or s["namespace"] != "router":
+            errors.append(f"all: RoleBinding {rb['metadata']['name']} does not bind the pods' ServiceAccount")
+    if len(a.get("RoleBinding", [])) != 2:
+        errors.append("all: expected one RoleBinding per namespace")
+    if pod.get("automountServiceAccountToken") is not True:
+        errors.append("all: EndpointSlice discovery without the service-account token")
+
+def check_redis(a, dep, c):
+    env = {e["name"]: e for e in c.get("env", [])}
+    ref = env.get("KVROUTE_REDIS_PASSWORD", {}).get("valueFrom", {}).get("secretKeyRef", {})
+    if ref != {"name": "kvr-kvroute-redis", "key": "password"}:
+        errors.append(f"all: the Redis password does not come from the chart's Secret: {ref}")
+    secrets = {s["metadata"]["name"]: s for s in a.get("Secret", [])}
+    if "password" not in secrets.get("kvr-kvroute-redis", {}).get("data", {}):
+        errors.append("all: no Secret with the Redis password")
+    sts = a.get("StatefulSet", [{}])[0]
+    rc = sts.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [{}])[0]
+    if "$(REDIS_PASSWORD)" not in rc.get("args", []) or not sts["spec"].get("volumeClaimTemplates"):
+        errors.append("all: the Redis StatefulSet has no password or no persistent volume")
+    if not rc.get("securityContext", {}).get("readOnlyRootFilesystem"):
+        errors.append("all: the Redis container's root filesystem is writable")
+    if "kvr-kvroute-redis" not in [s["metadata"]["name"] for s in a["Service"]]:
+        errors.append("all: no Redis Service")
+    nps = {n["metadata"]["name"]: n["spec"] for n in a.get("NetworkPolicy", [])}
+    redis_np = nps.get("kvr-kvroute-redis", {})
+    if redis_np.get("ingress", [{}])[0].get("from", [{}])[0].get("podSelector", {}).get("matchLabels") \
+            != dep["spec"]["selector"]["matchLabels"]:
+        errors.append("all: the Redis NetworkPolicy does not admit only the router pods")
+
+def check_all(a):
+    dep = a["Deployment"][0]
+    pod = dep["spec"]["template"]["spec"]
+    c = container(a)
+    want = ["--discover-k8s=router/vllm:http", "--discover-k8s=inference/sglang",
+            "--shared-state=redis://:$(KVROUTE_REDIS_PASSWORD)@kvr-kvroute-redis.router.svc:6379",
+            "--shared-state-prefix=kvr-kvroute", "--admin-token-file=/var/run/kvroute/admin-token/token"]
+    for w in want:
+        if w not in c["args"]:
+            errors.append(f"all: missing flag {w} (args: {c['args']})")
+    if "replicas" in dep["spec"]:
+        errors.append("all: the Deployment fixes replicas although the HPA scales it")
+    hpa = a.get("HorizontalPodAutoscaler", [{}])[0].get("spec", {})
+    if hpa.get("scaleTargetRef", {}).get("name") != dep["metadata"]["name"] or hpa.get("maxReplicas") != 5 \
+            or sorted(m["resource"]["name"] for m in hpa.get("metrics", [])) != ["cpu", "memory"]:
+        errors.append(f"all: HPA is not on the Deployment with maxReplicas 5 on cpu and memory: {hpa}")
+    check_rbac(a, pod)
+    check_redis(a, dep, c)
+    nps = {n["metadata"]["name"]: n["spec"] for n in a.get("NetworkPolicy", [])}
+    rules = {r["ports"][0]["port"]: r for r in nps.get("kvr-kvroute", {}).get("ingress", [])}
+    if set(rules) != {"api", "admin"} or "from" in rules.get("api", {}) or not rules.get("admin", {}).get("from"):
+        errors.append(f"all: NetworkPolicy does not open the API to all and the admin port to adminFrom: {rules}")
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    if mounts.get("admin-token", {}).get("mountPath") != "/var/run/kvroute/admin-token" \
+            or vols.get("admin-token", {}).get("secret", {}).get("secretName") != "kvroute-admin":
+        errors.append("all: the admin token Secret is not mounted where --admin-token-file points")
+    ep = a.get("ServiceMonitor", [{}])[0].get("spec", {}).get("endpoints", [{}])[0]
+    if ep.get("authorization", {}).get("credentials", {}).get("name") != "kvroute-admin":
+        errors.append("all: the ServiceMonitor does not send the admin token")
+    cfg_path = work / "all.kvroute.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
+    full = [w for w in cfg.get("workers", []) if isinstance(w, dict) and w.get("kv_events_replay")]
+    if not full or full[0].get("model") != "llama-3.1-8b" or str(full[0].get("dp_size")) != "2" \
+            or full[0].get("kv_events") != "tcp://127.0.0.1:18013":
+        errors.append(f"all: workers.urls keys are not all passed to kvroute: {cfg.get('workers')}")
+
+def check_shared(name, expect):
+    k = load(name)
+    if not k:
+        return
+    c = container(k)
+    shared = [x for x in c["args"] if x.startswith("--shared-state=")]
+    if expect is None:
+        if shared:
+            errors.append(f"{name}: one replica shares state although sharedState.enabled is not set")
+        if "StatefulSet" not in k:
+            errors.append(f"{name}: redis.enabled renders no StatefulSet")
+        return
+    env = {e["name"]: e for e in c.get("env", [])}
+    ref = env.get("KVROUTE_REDIS_PASSWORD", {}).get("valueFrom", {}).get("secretKeyRef", {})
+    if shared != [expect] or "--shared-state-prefix=team-a" not in c["args"] \
+            or ref != {"name": "redis-auth", "key": "password"} or "StatefulSet" in k:
+        errors.append(f"{name}: an existing Redis with its password Secret is not used as given: {c['args']} {ref}")
+
+if load("default"):
+    check_default(load("default"))
+if load("all"):
+    check_all(load("all"))
+check_shared("redisurl", "--shared-state=redis://:$(KVROUTE_REDIS_PASSWORD)@redis.shared.svc:6379/2")
+check_shared("redisone", None)
+
 for e in errors:
     print(e, file=sys.stderr)
 sys.exit(1 if errors else 0)
 EOF
-[[ -f "$WORK/custom.kvroute.yaml" ]] && pass "rendered manifests (kinds, probes, securityContext, ports)"
+[[ -f "$WORK/custom.kvroute.yaml" ]] && pass "rendered manifests (kinds, probes, securityContext, ports, every option's objects)"
 
 # --- the rendered config against kvroute itself -----------------------------------------------------------------
 KVROUTE="$BIN_DIR/kvroute"
@@ -244,7 +490,20 @@ start_kvroute() {  # start_kvroute NAME
   local name="$1" api admin extra=()
   api=$(free_port); admin=$(free_port)
   while IFS= read -r a; do
-    case "$a" in --config=*|--listen=*|--admin-listen=*|"") ;; *) extra+=("$a") ;; esac
+    case "$a" in
+      --config=*|--listen=*|--admin-listen=*|"") ;;
+      # EndpointSlice discovery needs an API server; its own tests run it against a fake one.
+      --discover-k8s=*) echo "note  $name: $a not run here (no Kubernetes API server)" ;;
+      --shared-state=*|--shared-state-prefix=*|--admin-token-file=*)
+        if ! "$KVROUTE" --help 2>&1 | grep -q -- "${a%%=*}"; then
+          echo "note  $name: this kvroute has no ${a%%=*} yet; started without it"
+        elif [[ "$a" == --admin-token-file=* ]]; then
+          echo "helm-check-token" >"$WORK/admin-token"; extra+=("--admin-token-file=$WORK/admin-token")
+        else  # Kubernetes expands $(VAR) in args from the container's env; no Redis answers here.
+          extra+=("${a//\$(KVROUTE_REDIS_PASSWORD)/secret}")
+        fi ;;
+      *) extra+=("$a") ;;
+    esac
   done <"$WORK/$name.args"
   "$KVROUTE" --config "$WORK/$name.kvroute.yaml" --listen "127.0.0.1:$api" --admin-listen "127.0.0.1:$admin" \
     "${extra[@]}" >"$WORK/$name.kvroute.log" 2>&1 &
@@ -258,7 +517,7 @@ start_kvroute() {  # start_kvroute NAME
       cat "$WORK/$name.kvroute.log" >&2
       return 1
     fi
-    if curl -fsS "http://127.0.0.1:$api/health" >/dev/null 2>&1 && curl -fsS "http://127.0.0.1:$admin/metrics" >/dev/null 2>&1; then
+    if curl -fsS "http://127.0.0.1:$api/health" >/dev/null 2>&1 && curl -fsS -H "Authorization: Bearer helm-check-token" "http://127.0.0.1:$admin/metrics" >/dev/null 2>&1; then
       return 0
     fi
     sleep 0.1
@@ -271,7 +530,7 @@ stop_kvroute() {
   KVROUTE_PID=""
 }
 
-for name in default urls custom discover; do
+for name in default urls custom discover all; do
   [[ -f "$WORK/$name.kvroute.yaml" ]] || continue
   if start_kvroute "$name"; then
     pass "kvroute starts with the $name config"
@@ -282,8 +541,8 @@ for name in default urls custom discover; do
       curl -s -o /dev/null --max-time 10 -X POST "http://127.0.0.1:$API_PORT/v1/chat/completions" \
         -H 'content-type: application/json' \
         -d '{"model":"m","messages":[{"role":"user","content":"hello, this prompt is long enough to fill a block or two of routing text"}]}' || true
-      curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" >"$WORK/metrics.txt" || fail "admin /metrics"
-      curl -fsS "http://127.0.0.1:$ADMIN_PORT/admin/workers" >"$WORK/workers.json" || fail "admin /admin/workers"
+      curl -fsS -H "Authorization: Bearer helm-check-token" "http://127.0.0.1:$ADMIN_PORT/metrics" >"$WORK/metrics.txt" || fail "admin /metrics"
+      curl -fsS -H "Authorization: Bearer helm-check-token" "http://127.0.0.1:$ADMIN_PORT/admin/workers" >"$WORK/workers.json" || fail "admin /admin/workers"
       if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); ws=d if isinstance(d,list) else d.get("workers",[]); sys.exit(0 if len(ws)==5 else 1)' "$WORK/workers.json" 2>/dev/null; then
         pass "kvroute loaded the 5 workers of the custom values"
       else
@@ -294,7 +553,7 @@ for name in default urls custom discover; do
       # The pool's headless Service does not resolve here; `localhost` does, and becomes a worker.
       found=""
       for _ in $(seq 1 50); do
-        if curl -fsS "http://127.0.0.1:$ADMIN_PORT/admin/workers" | grep -q '"127.0.0.1:18009"'; then found=1; break; fi
+        if curl -fsS -H "Authorization: Bearer helm-check-token" "http://127.0.0.1:$ADMIN_PORT/admin/workers" | grep -q '"127.0.0.1:18009"'; then found=1; break; fi
         sleep 0.1
       done
       if [[ -n "$found" ]]; then pass "kvroute discovered the worker behind localhost:18009"; else fail "kvroute did not discover localhost:18009"; fi

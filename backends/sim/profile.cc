@@ -1,9 +1,10 @@
 // Model/GPU profiles and KV sizing; formulas and sources in profile.h and profiles/README.md.
 #include "backends/sim/profile.h"
 
+#include "backends/sim/internal/format.h"
+
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -248,12 +249,14 @@ std::vector<std::string> builtin_model_names() {
 
 namespace {
 // NVIDIA datasheets (H100 SXM5, H200 SXM, A100 80GB SXM4, L4); dense BF16 = half the sparsity figure.
-// Memory is the marketed decimal capacity, which is what reproduces the published pool arithmetic.
+// Memory is the marketed decimal capacity, which is what reproduces the published pool arithmetic; the device
+// memory is nvidia-smi's memory.total for each board (MiB).
+constexpr double kMiB = 1048576.0;
 const GpuProfile kGpus[] = {
-    {"h100-80gb", 80e9, 3.35e12, 989e12},
-    {"h200-141gb", 141e9, 4.8e12, 989e12},
-    {"a100-80gb", 80e9, 2.039e12, 312e12},
-    {"l4", 24e9, 300e9, 121e12},
+    {"h100-80gb", 80e9, 3.35e12, 989e12, 81559 * kMiB},
+    {"h200-141gb", 141e9, 4.8e12, 989e12, 143771 * kMiB},
+    {"a100-80gb", 80e9, 2.039e12, 312e12, 81920 * kMiB},
+    {"l4", 24e9, 300e9, 121e12, 23034 * kMiB},
 };
 }  // namespace
 
@@ -292,11 +295,7 @@ KvSizing kv_sizing(const ModelProfile& model, const GpuProfile& gpu, double gpu_
 }
 
 namespace {
-std::string fmt(const char* f, double a) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, a);
-  return buf;
-}
+std::string fmt(const char* f, double a) { return internal::format_number(f, a); }
 std::string bytes_str(double b) {
   return fmt("%.2f GB", b / 1e9) + " = " + fmt("%.1f GiB", b / 1073741824.0);
 }

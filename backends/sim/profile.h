@@ -92,6 +92,9 @@ struct GpuProfile {
   double memory_bytes = 0;            // HBM capacity as marketed, decimal bytes (see header comment)
   double bandwidth_bytes_per_s = 0;   // HBM bandwidth
   double peak_flops = 0;              // dense BF16 tensor-core FLOP/s (without sparsity)
+  // Memory the device reports (nvidia-smi memory.total, cudaMemGetInfo), which budgets that subtract a fixed
+  // allowance start from: an H100 80GB reports 81,559 MiB. 0: use memory_bytes.
+  double device_memory_bytes = 0;
 };
 
 // "h100-80gb" (the default, SXM), "h200-141gb", "a100-80gb" (SXM), "l4".

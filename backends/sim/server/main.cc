@@ -4,12 +4,16 @@
 #include <vector>
 
 #include "backends/sim/server/options.h"
+#include "backends/sim/server/plan_command.h"
 #include "backends/sim/server/server.h"
 
 int main(int argc, char** argv) {
   std::vector<std::string_view> args(argv + 1, argv + argc);
   if (!args.empty() && args[0] == "kv-size") {
     return kvroute::sim::run_kv_size({args.begin() + 1, args.end()});
+  }
+  if (!args.empty() && args[0] == "plan") {
+    return kvroute::sim::run_plan({args.begin() + 1, args.end()});
   }
   auto options = kvroute::sim::parse_sim_options(args);
   if (!options) {

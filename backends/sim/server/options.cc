@@ -14,6 +14,7 @@ const char* const kUsage = R"(kvroute-sim: a simulated vLLM worker (OpenAI API, 
 
 usage: kvroute-sim [flags]
        kvroute-sim kv-size CONFIG.json|MODEL [--gpu NAME]   print KV sizing and exit
+       kvroute-sim plan CONFIG.json|MODEL [flags]           capacity plan (plan --help) and exit
 
 flags (--flag VALUE or --flag=VALUE):
   --host ADDR                 address to listen on (default 127.0.0.1)

@@ -48,7 +48,7 @@ app.kubernetes.io/component: router
 
 {{/*
 The kvroute YAML config (router/config.cc: each key is a command-line option with '_' for '-'; `workers` is a
-list of URLs or of maps {url, kv_events}). listen and admin_listen are passed as flags because the container
+list of URLs or of maps {url, kv_events, kv_events_replay, model, dp_size}). listen and admin_listen are passed as flags because the container
 ports depend on them.
 */}}
 {{- define "kvroute.config" -}}
@@ -95,6 +95,15 @@ workers:
     {{- if .kvEvents }}
     kv_events: {{ .kvEvents | quote }}
     {{- end }}
+    {{- if .kvEventsReplay }}
+    kv_events_replay: {{ .kvEventsReplay | quote }}
+    {{- end }}
+    {{- if .model }}
+    model: {{ .model | quote }}
+    {{- end }}
+    {{- if .dpSize }}
+    dp_size: {{ .dpSize | quote }}
+    {{- end }}
 {{- else }}
   - url: {{ . | quote }}
 {{- end }}
@@ -110,5 +119,100 @@ workers:
 {{- end }}
 {{- else }}
 workers: []
+{{- end }}
+{{- end }}
+
+{{/* Does any source give kvroute workers? ("true" or empty) */}}
+{{- define "kvroute.hasWorkers" -}}
+{{- $w := .Values.workers }}
+{{- if or $w.urls $w.discover $w.discoverK8s $w.pool.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+workers.discoverK8s entries as the flag wants them, NAMESPACE/SERVICE[:PORT_NAME] (the release namespace
+when none is given), one per line.
+*/}}
+{{- define "kvroute.discoverK8s" -}}
+{{- range .Values.workers.discoverK8s }}
+{{- if contains "/" . }}
+{{ . }}
+{{- else }}
+{{ printf "%s/%s" $.Release.Namespace . }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The namespaces whose EndpointSlices kvroute reads (a Role and RoleBinding in each), one per line. */}}
+{{- define "kvroute.discoverK8sNamespaces" -}}
+{{- $seen := dict }}
+{{- range (include "kvroute.discoverK8s" . | trim | splitList "\n") }}
+{{- $ns := first (splitList "/" .) }}
+{{- if not (hasKey $seen $ns) }}
+{{- $_ := set $seen $ns true }}
+{{ $ns }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* ---- Shared state (--shared-state, --shared-state-prefix): adjust here when the flags change ---- */}}
+{{- define "kvroute.redisSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "kvroute.name" . }}-redis
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kvroute.redisFullname" -}}
+{{- printf "%s-redis" (include "kvroute.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The Secret and key holding the Redis password kvroute uses ("NAME KEY"), or empty when none. */}}
+{{- define "kvroute.redisPasswordRef" -}}
+{{- $r := .Values.sharedState.redis }}
+{{- if $r.url }}
+{{- if $r.passwordSecret.name }}{{ $r.passwordSecret.name }} {{ $r.passwordSecret.key }}{{ end }}
+{{- else if .Values.redis.enabled }}
+{{- default (include "kvroute.redisFullname" .) .Values.redis.auth.existingSecret }} {{ .Values.redis.auth.key }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when replicas share state: forced by sharedState.enabled, else automatic for several replicas. */}}
+{{- define "kvroute.sharedState" -}}
+{{- $redis := or .Values.sharedState.redis.url .Values.redis.enabled }}
+{{- $several := or (gt (int .Values.replicaCount) 1) .Values.autoscaling.enabled }}
+{{- $on := .Values.sharedState.enabled }}
+{{- if kindIs "invalid" $on }}{{ $on = and $redis $several }}{{ end }}
+{{- if and $on (not $redis) }}
+{{- fail "sharedState.enabled needs a Redis: set sharedState.redis.url or redis.enabled" }}
+{{- end }}
+{{- if $on }}true{{ end }}
+{{- end }}
+
+{{/* The Redis URL; the password comes from the environment ($(KVROUTE_REDIS_PASSWORD), expanded by Kubernetes). */}}
+{{- define "kvroute.redisUrl" -}}
+{{- $u := .Values.sharedState.redis.url }}
+{{- if not $u }}
+{{- $u = printf "redis://%s.%s.svc:6379" (include "kvroute.redisFullname" .) .Release.Namespace }}
+{{- end }}
+{{- if include "kvroute.redisPasswordRef" . }}
+{{- $u = regexReplaceAll "^redis(s?)://" $u "redis${1}://:$(KVROUTE_REDIS_PASSWORD)@" }}
+{{- end }}
+{{- $u }}
+{{- end }}
+
+{{/* ---- Admin token (--admin-token-file): adjust here when the flag changes ---- */}}
+{{- define "kvroute.adminTokenPath" -}}
+/var/run/kvroute/admin-token/{{ .Values.admin.token.key }}
+{{- end }}
+
+{{/* Flags of the optional features above, one list item per line (rendered into the container's args). */}}
+{{- define "kvroute.featureArgs" -}}
+{{- range (include "kvroute.discoverK8s" . | trim | splitList "\n" | compact) }}
+- {{ printf "--discover-k8s=%s" . | quote }}
+{{- end }}
+{{- if include "kvroute.sharedState" . }}
+- {{ printf "--shared-state=%s" (include "kvroute.redisUrl" .) | quote }}
+- {{ printf "--shared-state-prefix=%s" (default (include "kvroute.fullname" .) .Values.sharedState.prefix) | quote }}
+{{- end }}
+{{- if .Values.admin.token.secretName }}
+- {{ printf "--admin-token-file=%s" (include "kvroute.adminTokenPath" .) | quote }}
 {{- end }}
 {{- end }}
