@@ -24,6 +24,7 @@ Result<bool> App::start() {
   auto policy = policy::make_policy(config_.policy, popts);
   if (!policy) return policy.error();
   router_ = std::make_unique<Router>(config_, registry_, std::move(*policy), metrics_);
+  metrics_.on_collect([this] { collect_metrics(); });
   registry_.subscribe({[this](const backends::Worker& w) {
                          if (!w.endpoint().kv_events_endpoint.empty()) start_events(w);
                        },
@@ -213,12 +214,41 @@ void App::describe_events(hashing::WorkerId id, boost::json::object& o) {
 }
 
 void App::on_telemetry(const backends::Worker& w, const backends::WorkerTelemetry& t) {
+  // Stale (its polls failing): what it last said is no longer its load.
+  if (!t.valid) return metrics_.worker_load(w.id(), std::nullopt, std::nullopt, std::nullopt);
   // The engine's KV capacity, in the router's blocks, bounds what approximate mode believes it holds.
   if (t.num_gpu_blocks > 0) {
     const std::uint64_t tokens = t.num_gpu_blocks * (t.block_size ? t.block_size : config_.block_tokens);
     router_->index().set_capacity(w.id(), tokens / config_.block_tokens);
   }
-  if (auto s = metrics_.worker(w.id())) s->kv_usage->Set(t.kv_usage);
+  metrics_.worker_load(w.id(), t.running, t.waiting, t.kv_usage_reported ? std::optional(t.kv_usage) : std::nullopt);
+}
+
+void App::collect_metrics() {
+  const auto workers = registry_.snapshot();
+  std::size_t healthy = 0, routable = 0;
+  std::uint64_t capacity = 0;
+  for (const auto& w : *workers) {
+    healthy += w->healthy() ? 1 : 0;
+    metrics_.sync_prefill_saved(w->id(), router_->learned_rates(w->id()).prefill_tokens_per_s);
+    // Cordoned by the admin API or drained by discovery.
+    if (auto s = metrics_.worker(w->id())) s->cordoned->Set(w->cordoned() ? 1 : 0);
+    if (!w->routable()) continue;
+    ++routable;
+    capacity += router_->index().capacity(w->id());
+  }
+  metrics_.set_workers(workers->size(), healthy, routable);
+  metrics_.set_shared_capacity(capacity);
+  const auto now = std::chrono::system_clock::now();
+  std::lock_guard lock(events_mu_);
+  for (const auto& [id, sub] : subscribers_) {
+    const events::SubscriberStatus st = sub->status();
+    KvEventCounts c{st.messages, st.gaps, st.replays, st.malformed_frames, st.restarts, std::nullopt};
+    if (st.last_message.time_since_epoch().count() != 0) {
+      c.since_last_message_s = std::max(0.0, std::chrono::duration<double>(now - st.last_message).count());
+    }
+    metrics_.sync_kv_events(id, c);
+  }
 }
 
 void App::on_stream_liveness(hashing::WorkerId id, bool live, std::string_view reason) {

@@ -58,6 +58,9 @@ class App {
   void on_health_change(const backends::Worker& w, bool up, const std::string& why);
   // A worker's load report (polled /metrics, or a native LoadReport event): KV capacity and usage.
   void on_telemetry(const backends::Worker& w, const backends::WorkerTelemetry& t);
+  // Before /metrics is served: the fleet's size, the shared cache's capacity, cached tokens priced in prefill
+  // seconds, the KV event streams' counters.
+  void collect_metrics();
 
   const std::vector<std::unique_ptr<boost::asio::io_context>>& contexts_;
   boost::asio::io_context& io_;  // the control-plane context (contexts_[0])
