@@ -108,20 +108,21 @@ Result<bool> App::start() {
                        << "; until then it is taken to serve any model");
   });
   health_->start();
+  const auto report = [](bool warning, const std::string& message) {
+    if (warning) {
+      LOG_WARN(message);
+    } else {
+      LOG_INFO(message);
+    }
+  };
   for (const auto& d : config_.discover) {
     backends::DnsDiscovery::Target target{d.host, d.port, d.kv_events_port, d.replay_port, d.model};
-    auto discovery = std::make_shared<backends::DnsDiscovery>(
-        io_.get_executor(), registry_, std::move(target), ms(config_.discover_interval_s),
-        [](bool warning, const std::string& message) {
-          if (warning) {
-            LOG_WARN(message);
-          } else {
-            LOG_INFO(message);
-          }
-        });
+    auto discovery = std::make_shared<backends::DnsDiscovery>(io_.get_executor(), registry_, std::move(target),
+                                                              ms(config_.discover_interval_s), report);
     discovery->start();
     discovery_.push_back(std::move(discovery));
   }
+  if (auto ok = start_k8s_discovery(report); !ok) return ok.error();
   if (config_.metrics_interval_s > 0) {
     telemetry_ = std::make_shared<backends::TelemetryPoller>(
         io_.get_executor(), registry_, ms(config_.metrics_interval_s),
@@ -132,8 +133,27 @@ Result<bool> App::start() {
   admin_->run();
   LOG_INFO("kvroute listening on " << api_.front()->local_endpoint() << " (admin " << admin_->local_endpoint()
                                    << "), policy " << config_.policy << ", " << config_.workers.size() << " workers"
-                                   << (config_.discover.empty() ? "" : " plus those of --discover") << ", "
+                                   << (config_.discover.empty() && config_.discover_k8s.empty() ? "" : " plus those discovered") << ", "
                                    << contexts_.size() << " I/O threads");
+  return true;
+}
+
+Result<bool> App::start_k8s_discovery(const backends::K8sDiscovery::Report& report) {
+  if (config_.discover_k8s.empty()) return true;
+  auto api = backends::in_cluster_api({config_.k8s_api_url, config_.k8s_token_file, config_.k8s_ca_file});
+  if (!api) return api.error();
+  for (const auto& d : config_.discover_k8s) {
+    backends::K8sDiscovery::Target target{d.ns, d.service, d.port_name, d.kv_events_port, d.replay_port, d.model};
+    if (target.ns.empty()) {
+      auto ns = backends::in_cluster_namespace();
+      if (!ns) return ns.error();
+      target.ns = *ns;
+    }
+    LOG_INFO("discover-k8s " << target.ns << "/" << target.service << ": watching its EndpointSlices at " << api->url);
+    auto discovery = std::make_shared<backends::K8sDiscovery>(io_.get_executor(), registry_, std::move(target), *api, report);
+    discovery->start();
+    k8s_discovery_.push_back(std::move(discovery));
+  }
   return true;
 }
 
@@ -296,6 +316,7 @@ void App::stop() {
   for (auto& [id, sub] : subscribers_) sub->stop();
   if (health_) health_->stop();
   for (auto& d : discovery_) d->stop();
+  for (auto& d : k8s_discovery_) d->stop();
   if (telemetry_) telemetry_->stop();
   for (auto& l : api_) l->stop();
   if (admin_) admin_->stop();

@@ -20,6 +20,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "backends/discovery.h"
+#include "backends/discovery_k8s.h"
 #include "backends/events/kv_event_subscriber.h"
 #include "backends/health_checker.h"
 #include "backends/telemetry_poller.h"
@@ -49,6 +50,8 @@ class App {
   boost::asio::ip::tcp::endpoint admin_endpoint() const { return admin_->local_endpoint(); }
 
  private:
+  // One K8sDiscovery per --discover-k8s Service (an error: the in-cluster API is not there).
+  Result<bool> start_k8s_discovery(const backends::K8sDiscovery::Report& report);
   // Precise mode: subscribes to a worker's KV events once its model (the events' namespace) is known.
   void start_events(const backends::Worker& worker);
   void subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint& ep, const std::string& model);
@@ -75,6 +78,7 @@ class App {
   std::shared_ptr<backends::HealthChecker> health_;
   std::shared_ptr<backends::TelemetryPoller> telemetry_;
   std::vector<std::shared_ptr<backends::DnsDiscovery>> discovery_;  // one per --discover name
+  std::vector<std::shared_ptr<backends::K8sDiscovery>> k8s_discovery_;  // one per --discover-k8s Service
   std::vector<std::shared_ptr<Listener>> api_;                  // one per context
   std::shared_ptr<Listener> admin_;
   std::mutex events_mu_;
