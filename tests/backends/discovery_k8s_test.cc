@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -204,6 +205,51 @@ TEST(K8sDiscovery, UnreachableApiIsReportedOnceAndRetried) {
   std::lock_guard lock(mu);
   ASSERT_EQ(log.size(), 1u);
   EXPECT_TRUE(log[0].starts_with("W discover-k8s llm/vllm: list: connect to " + url)) << log[0];
+}
+
+// A self-signed certificate for 127.0.0.1 (its own CA), made with the openssl tool; false without it.
+bool make_certificate(const std::filesystem::path& dir, const std::string& name) {
+  const std::string cmd = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=" +
+                          name + " -addext subjectAltName=IP:127.0.0.1 -keyout " + (dir / (name + ".key")).string() +
+                          " -out " + (dir / (name + ".crt")).string() + " >/dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0;
+}
+
+TEST_F(K8sDiscoveryTest, SpeaksHttpsVerifiedAgainstTheServiceAccountCa) {
+  if (!make_certificate(dir_, "api") || !make_certificate(dir_, "other")) GTEST_SKIP() << "no openssl tool";
+  FakeK8sApi https((dir_ / "api.crt").string(), (dir_ / "api.key").string());
+  https.put(k8s_slice("vllm-abc", {{"10.0.0.1"}}));
+  K8sDiscovery::Options o;
+  o.min_backoff = std::chrono::milliseconds(20);
+  o.max_backoff = std::chrono::milliseconds(50);
+  // Verified against the CA that signed the server's certificate: lists, watches, sends the token.
+  auto good = std::make_shared<K8sDiscovery>(io_.get_executor(), reg_, K8sDiscovery::Target{"llm", "vllm", "http", 0, 0, ""},
+                                             K8sApi{https.url(), (dir_ / "token").string(), (dir_ / "api.crt").string()},
+                                             K8sDiscovery::Report{}, o);
+  // Against another CA: refused, nothing added, reported.
+  WorkerRegistry other_reg;
+  std::vector<std::string> other_log;
+  std::mutex other_mu;
+  auto bad = std::make_shared<K8sDiscovery>(io_.get_executor(), other_reg, K8sDiscovery::Target{"llm", "vllm", "http", 0, 0, ""},
+                                            K8sApi{https.url(), (dir_ / "token").string(), (dir_ / "other.crt").string()},
+                                            [&](bool, const std::string& m) {
+                                              std::lock_guard lock(other_mu);
+                                              other_log.push_back(m);
+                                            },
+                                            o);
+  good->start();
+  bad->start();
+  io_thread_ = std::make_unique<std::jthread>([this] { io_.run(); });
+  EXPECT_TRUE(eventually([&] { return reg_.find_by_url("http://10.0.0.1:8000") != nullptr && https.watches() >= 1; }));
+  EXPECT_EQ(https.authorization(), "Bearer token-1");
+  EXPECT_TRUE(eventually([&] { return https.tls_refused() >= 2; }));  // it keeps trying, with backoff
+  EXPECT_EQ(other_reg.snapshot()->size(), 0u);
+  good->stop();
+  bad->stop();
+  io_thread_.reset();
+  std::lock_guard lock(other_mu);
+  ASSERT_EQ(other_log.size(), 1u);
+  EXPECT_NE(other_log[0].find("list: TLS with " + https.url()), std::string::npos) << other_log[0];
 }
 
 TEST(EndpointSliceParse, ConditionsAndPortsAsTheApiDefinesThem) {

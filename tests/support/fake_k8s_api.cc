@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include <boost/asio/read_until.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/json.hpp>
@@ -32,7 +33,13 @@ json::object k8s_slice(const std::string& name, const std::vector<K8sEndpoint>& 
                             json::object{{"name", "http"}, {"port", http_port}, {"protocol", "TCP"}}}}};
 }
 
-FakeK8sApi::FakeK8sApi() : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
+FakeK8sApi::FakeK8sApi(const std::string& cert_file, const std::string& key_file)
+    : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
+  if (!cert_file.empty()) {
+    tls_ = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+    tls_->use_certificate_chain_file(cert_file);
+    tls_->use_private_key_file(key_file, asio::ssl::context::pem);
+  }
   thread_ = std::thread([this] { accept_loop(); });
 }
 
@@ -51,7 +58,9 @@ FakeK8sApi::~FakeK8sApi() {
   for (auto& t : handlers_) t.join();
 }
 
-std::string FakeK8sApi::url() const { return "http://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()); }
+std::string FakeK8sApi::url() const {
+  return (tls_ ? "https://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(acceptor_.local_endpoint().port());
+}
 
 std::string FakeK8sApi::authorization() const {
   std::lock_guard lock(mu_);
@@ -117,11 +126,27 @@ void FakeK8sApi::accept_loop() {
 }
 
 void FakeK8sApi::serve(tcp::socket socket) {
-  asio::streambuf buf;
   boost::system::error_code ec;
-  asio::read_until(socket, buf, "\r\n\r\n", ec);
-  if (ec) return;
-  std::string head(asio::buffers_begin(buf.data()), asio::buffers_end(buf.data()));
+  const auto exchange = [&](auto& stream) {
+    asio::streambuf buf;
+    asio::read_until(stream, buf, "\r\n\r\n", ec);
+    if (ec) return;
+    handle(std::string(asio::buffers_begin(buf.data()), asio::buffers_end(buf.data())), [&](const std::string& bytes) {
+      asio::write(stream, asio::buffer(bytes), ec);
+      return !ec;
+    });
+  };
+  if (!tls_) return exchange(socket);
+  asio::ssl::stream<tcp::socket&> tls(socket, *tls_);
+  tls.handshake(asio::ssl::stream_base::server, ec);
+  if (ec) {
+    ++tls_refused_;
+    return;
+  }
+  exchange(tls);
+}
+
+void FakeK8sApi::handle(const std::string& head, const Send& send) {
   const std::string target = head.substr(4, head.find(' ', 4) - 4);
   {
     std::lock_guard lock(mu_);
@@ -130,14 +155,14 @@ void FakeK8sApi::serve(tcp::socket socket) {
   }
   const std::string path = "/apis/discovery.k8s.io/v1/namespaces/llm/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dvllm";
   if (!target.starts_with(path)) {
-    asio::write(socket, asio::buffer(std::string("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")), ec);
+    send("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
     return;
   }
-  if (target.find("watch=1") == std::string::npos) return list(socket);
-  watch(socket, target.substr(target.find("resourceVersion=") + 16));
+  if (target.find("watch=1") == std::string::npos) return list(send);
+  watch(send, target.substr(target.find("resourceVersion=") + 16));
 }
 
-void FakeK8sApi::list(tcp::socket& socket) {
+void FakeK8sApi::list(const Send& send) {
   ++lists_;
   json::array items;
   std::string rv;
@@ -151,22 +176,18 @@ void FakeK8sApi::list(tcp::socket& socket) {
                                                         {"apiVersion", "discovery.k8s.io/v1"},
                                                         {"metadata", json::object{{"resourceVersion", rv}}},
                                                         {"items", std::move(items)}});
-  const std::string res = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
-  boost::system::error_code ec;
-  asio::write(socket, asio::buffer(res), ec);
+  send("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+       "\r\n\r\n" + body);
 }
 
-void FakeK8sApi::watch(tcp::socket& socket, const std::string& rv) {
+void FakeK8sApi::watch(const Send& send, const std::string& rv) {
   ++watches_;
-  boost::system::error_code ec;
   const auto chunk = [&](const std::string& data) {
     std::ostringstream hex;
     hex << std::hex << data.size();
-    asio::write(socket, asio::buffer(hex.str() + "\r\n" + data + "\r\n"), ec);
+    return send(hex.str() + "\r\n" + data + "\r\n");
   };
-  asio::write(socket, asio::buffer(std::string("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                               "Transfer-Encoding: chunked\r\n\r\n")), ec);
+  bool ok = send("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
   std::unique_lock lock(mu_);
   last_watch_rv_ = rv;
   if (std::stoll(rv) < compacted_) {
@@ -174,11 +195,10 @@ void FakeK8sApi::watch(tcp::socket& socket, const std::string& rv) {
                                                          {"message", "too old resource version: " + rv},
                                                          {"reason", "Expired"}, {"code", 410}});
     lock.unlock();
-    chunk(gone);
-    asio::write(socket, asio::buffer(std::string("0\r\n\r\n")), ec);
+    if (chunk(gone)) send("0\r\n\r\n");
     return;
   }
-  while (!ec) {
+  while (ok) {
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (stopping_) break;
     const std::string next = queue_.front();
@@ -186,10 +206,10 @@ void FakeK8sApi::watch(tcp::socket& socket, const std::string& rv) {
     lock.unlock();
     if (next == "break") return;  // the socket closes without the terminating chunk
     if (next == "end") {
-      asio::write(socket, asio::buffer(std::string("0\r\n\r\n")), ec);
+      send("0\r\n\r\n");
       return;
     }
-    chunk(next);
+    ok = chunk(next);
     lock.lock();
   }
 }

@@ -2,7 +2,8 @@
 // Service (namespace llm, service vllm) as the real one does: LIST answers an EndpointSliceList with its
 // resourceVersion; WATCH from a resourceVersion streams {"type","object"} lines in HTTP chunks (ADDED,
 // MODIFIED, DELETED, BOOKMARK), answers ERROR with code 410 for a version compacted away, and ends with a
-// terminating chunk when told its time is up. Each connection carries one request.
+// terminating chunk when told its time is up. Each connection carries one request. Given a certificate and key,
+// it speaks https, as the real one does.
 //
 //   FakeK8sApi api;
 //   api.put(k8s_slice("vllm-abc", {{"10.0.0.1"}, {"10.0.0.2", false}}));   // one ready, one not
@@ -12,7 +13,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -20,6 +23,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <boost/json/object.hpp>
 
 namespace kvroute::test {
@@ -36,7 +40,8 @@ boost::json::object k8s_slice(const std::string& name, const std::vector<K8sEndp
 
 class FakeK8sApi {
  public:
-  FakeK8sApi();
+  // With a certificate and its key (PEM files), https; else http.
+  explicit FakeK8sApi(const std::string& cert_file = "", const std::string& key_file = "");
   ~FakeK8sApi();
   FakeK8sApi(const FakeK8sApi&) = delete;
   FakeK8sApi& operator=(const FakeK8sApi&) = delete;
@@ -53,6 +58,7 @@ class FakeK8sApi {
   void break_watch() { command("break"); }
 
   int lists() const { return lists_.load(); }
+  int tls_refused() const { return tls_refused_.load(); }  // TLS handshakes that failed
   int watches() const { return watches_.load(); }
   std::string authorization() const;
   std::string last_watch_version() const;
@@ -62,12 +68,15 @@ class FakeK8sApi {
   void change(boost::json::object slice, bool deleted, bool deliver);
   void command(const std::string& c);
   void accept_loop();
+  using Send = std::function<bool(const std::string& bytes)>;  // false: the connection broke
   void serve(boost::asio::ip::tcp::socket socket);
-  void list(boost::asio::ip::tcp::socket& socket);
-  void watch(boost::asio::ip::tcp::socket& socket, const std::string& rv);
+  void handle(const std::string& head, const Send& send);
+  void list(const Send& send);
+  void watch(const Send& send, const std::string& rv);
 
   boost::asio::io_context io_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  std::unique_ptr<boost::asio::ssl::context> tls_;  // null: http
   std::thread thread_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -79,7 +88,7 @@ class FakeK8sApi {
   std::string last_watch_rv_;      // guarded by mu_
   bool stopping_ = false;          // guarded by mu_
   std::vector<std::thread> handlers_;  // guarded by mu_
-  std::atomic<int> lists_{0}, watches_{0};
+  std::atomic<int> lists_{0}, watches_{0}, tls_refused_{0};
 };
 
 }  // namespace kvroute::test
