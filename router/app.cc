@@ -258,7 +258,7 @@ void App::collect_metrics() {
     capacity += router_->index().capacity(w->id());
   }
   metrics_.set_workers(workers->size(), healthy, routable);
-  metrics_.set_shared_capacity(capacity);
+  metrics_.set_shared_cache(capacity, router_->cache_pools().sample_rate());
   const auto now = std::chrono::system_clock::now();
   std::lock_guard lock(events_mu_);
   for (const auto& [id, sub] : subscribers_) {

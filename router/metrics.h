@@ -161,13 +161,12 @@ class RouterMetrics {
   }
   // The totals of the two series above: {workers, shared}.
   std::pair<double, double> fleet_cache_hits() const { return {fleet_hits_workers_->Value(), fleet_hits_shared_->Value()}; }
+  // Set when a request resizes a pool's cache, and by the collect hook from the routable workers, so that the
+  // capacity follows workers removed or taken out of rotation even while no request is routed.
   void set_shared_cache(std::uint64_t capacity_blocks, double sample_rate) {
     shared_capacity_->Set(static_cast<double>(capacity_blocks));
     shared_sample_rate_->Set(sample_rate);
   }
-  // The capacity gauge alone: the collect hook sets it from the routable workers, so that it follows workers
-  // removed or taken out of rotation even while no request is routed.
-  void set_shared_capacity(std::uint64_t capacity_blocks) { shared_capacity_->Set(static_cast<double>(capacity_blocks)); }
   // A /tokenize outcome (cache_hit, tokenized, fallback) and the time it took.
   void tokenized(const std::string& outcome, double seconds);
   // A Responses API id whose worker this router did not know, looked up on the workers: found, not_found,
