@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -62,8 +61,22 @@ void advance(prometheus::Counter* c, std::uint64_t now, std::uint64_t seen) {
 
 // The process as /proc tells it (proc(5)): CPU seconds, memory, descriptors, threads.
 struct ProcessSample {
-  double cpu_s = 0, rss = 0, vsize = 0, open_fds = 0, max_fds = 0, threads = 0;
+  double cpu_s = 0, rss = 0, vsize = 0, open_fds = 0, max_fds = 0, threads = 0, start_s = 0;
 };
+
+// Boot time in seconds since the epoch (proc(5), /proc/stat "btime"); 0 if unknown.
+double boot_time() {
+  std::ifstream in("/proc/stat");
+  for (std::string key; in >> key;) {
+    if (key == "btime") {
+      double t = 0;
+      in >> t;
+      return t;
+    }
+  }
+  return 0;
+}
+
 ProcessSample sample_process() {
   ProcessSample p;
   std::ifstream stat("/proc/self/stat");
@@ -78,6 +91,7 @@ ProcessSample sample_process() {
     const auto num = [](const std::string& v) { return v.empty() ? 0.0 : std::strtod(v.c_str(), nullptr); };
     p.cpu_s = (num(f[11]) + num(f[12])) / tick;        // utime (14) + stime (15)
     p.threads = num(f[17]);                             // num_threads (20)
+    p.start_s = boot_time() + num(f[19]) / tick;         // starttime (22), clock ticks after boot
     p.vsize = num(f[20]);                               // vsize (23), bytes
     p.rss = num(f[21]) * static_cast<double>(sysconf(_SC_PAGESIZE));  // rss (24), pages
   }
@@ -176,7 +190,7 @@ RouterMetrics::RouterMetrics()
   process_max_fds_ = gauge(*registry_, "process_max_fds", "Maximum number of open file descriptors");
   process_threads_ = gauge(*registry_, "process_threads", "Number of OS threads in the process");
   gauge(*registry_, "process_start_time_seconds", "Start time of the process since unix epoch in seconds")
-      ->Set(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+      ->Set(sample_process().start_s);
 }
 
 void RouterMetrics::response_lookup(std::string_view result) {
