@@ -263,7 +263,7 @@ void App::collect_metrics() {
   std::lock_guard lock(events_mu_);
   for (const auto& [id, sub] : subscribers_) {
     const events::SubscriberStatus st = sub->status();
-    KvEventCounts c{st.messages, st.gaps, st.replays, st.malformed_frames, st.restarts, std::nullopt};
+    KvEventCounts c{st.messages, st.gaps, st.replays, st.malformed_frames, st.restarts, std::nullopt, st.last_batch_lag_s};
     if (st.last_message.time_since_epoch().count() != 0) {
       c.since_last_message_s = std::max(0.0, std::chrono::duration<double>(now - st.last_message).count());
     }

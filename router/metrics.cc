@@ -131,7 +131,8 @@ RouterMetrics::RouterMetrics()
       kv_replays_(counters(*registry_, "kvroute_kv_events_replays_total", "Replay requests the worker answered completely after a gap")),
       kv_malformed_(counters(*registry_, "kvroute_kv_events_malformed_total", "KV event messages dropped as malformed (frames, sizes, undecodable or oversized payloads)")),
       kv_restarts_(counters(*registry_, "kvroute_kv_events_restarts_total", "Publisher restarts seen in the worker's KV event stream (its sequence went backwards)")),
-      kv_since_last_(gauges(*registry_, "kvroute_kv_events_last_message_age_seconds", "Seconds since the worker's KV event stream last delivered a message: the lag bound of precise mode (NaN before the first)")),
+      kv_since_last_(gauges(*registry_, "kvroute_kv_events_last_message_age_seconds", "Seconds since the worker's KV event stream last delivered a message (NaN before the first)")),
+      kv_lag_(gauges(*registry_, "kvroute_kv_events_lag_seconds", "Seconds from the engine stamping the worker's last KV event batch to its arrival here (wall clocks; NaN before the first)")),
       tokenize_total_(prometheus::BuildCounter().Name("kvroute_tokenize_total").Help("Text prompts tokenized through a worker's /tokenize, by outcome (cache_hit, tokenized, fallback)").Register(*registry_)) {
   tokenize_seconds_ = &prometheus::BuildHistogram().Name("kvroute_tokenize_seconds").Help("Latency /tokenize added to routing (cache misses)").Register(*registry_).Add({}, kDecisionBuckets);
   decision_ = &prometheus::BuildHistogram().Name("kvroute_routing_decision_seconds").Help("Time to parse, hash, match and pick").Register(*registry_).Add({}, kDecisionBuckets);
@@ -205,13 +206,14 @@ void RouterMetrics::add_worker(hashing::WorkerId id, const std::string& name) {
       &in_flight_.Add(l), &healthy_.Add(l), &cordoned_.Add(l), &kv_usage_.Add(l), &precise_.Add(l), &ttft_.Add(l, kLatencyBuckets),
       &itl_.Add(l, kItlBuckets), &running_.Add(l), &waiting_.Add(l), &prefill_saved_.Add(l), cls("4xx"), cls("5xx"),
       cls("connect"), cls("broken"), &kv_messages_.Add(l), &kv_gaps_.Add(l), &kv_replays_.Add(l), &kv_malformed_.Add(l),
-      &kv_restarts_.Add(l), &kv_since_last_.Add(l), 0, KvEventCounts{}});
+      &kv_restarts_.Add(l), &kv_since_last_.Add(l), &kv_lag_.Add(l), 0, KvEventCounts{}});
   s->healthy->Set(1);
   // Not reported yet: unknown is NaN, never 0 (an idle worker with an empty cache).
   s->kv_usage->Set(kNaN);
   s->running->Set(kNaN);
   s->waiting->Set(kNaN);
   s->kv_since_last->Set(kNaN);
+  s->kv_lag->Set(kNaN);
   std::lock_guard lock(mu_);
   workers_[id] = std::move(s);
 }
@@ -248,6 +250,7 @@ void RouterMetrics::remove_worker(hashing::WorkerId id) {
   kv_malformed_.Remove(s->kv_malformed);
   kv_restarts_.Remove(s->kv_restarts);
   kv_since_last_.Remove(s->kv_since_last);
+  kv_lag_.Remove(s->kv_lag);
 }
 
 std::shared_ptr<RouterMetrics::WorkerSeries> RouterMetrics::worker(hashing::WorkerId id) const {
@@ -340,6 +343,7 @@ void RouterMetrics::sync_kv_events(hashing::WorkerId id, const KvEventCounts& no
   advance(s->kv_malformed, now.malformed, seen.malformed);
   advance(s->kv_restarts, now.restarts, seen.restarts);
   s->kv_since_last->Set(value_or_nan(now.since_last_message_s));
+  s->kv_lag->Set(value_or_nan(now.batch_lag_s));
 }
 
 void RouterMetrics::update_process() const {

@@ -52,6 +52,7 @@ struct KvEventCounts {
   std::uint64_t malformed = 0;
   std::uint64_t restarts = 0;
   std::optional<double> since_last_message_s;  // none: no message yet
+  std::optional<double> batch_lag_s;           // engine timestamp to arrival of the last batch; none: not known
 };
 
 class RouterMetrics {
@@ -84,6 +85,7 @@ class RouterMetrics {
     prometheus::Counter* kv_malformed;
     prometheus::Counter* kv_restarts;
     prometheus::Gauge* kv_since_last;
+    prometheus::Gauge* kv_lag;
     // What was last folded into the counters above (guarded by RouterMetrics::mu_).
     double priced_cached_tokens = 0;
     KvEventCounts kv_seen;
@@ -208,6 +210,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>& kv_malformed_;
   prometheus::Family<prometheus::Counter>& kv_restarts_;
   prometheus::Family<prometheus::Gauge>& kv_since_last_;
+  prometheus::Family<prometheus::Gauge>& kv_lag_;
   prometheus::Histogram* decision_;
   prometheus::Histogram* duration_;
   prometheus::Gauge* index_entries_;

@@ -17,8 +17,6 @@ double sample(const std::string& text, const std::string& series) {
   return std::stod(text.substr(at + series.size() + 2));
 }
 
-bool has(const std::string& text, const std::string& series) { return sample(text, series) != -1; }
-
 TEST(RouterMetrics, LabelledCountersExistAtZeroBeforeTheirFirstEvent) {
   RouterMetrics m;
   const std::string t = m.serialize();
@@ -98,9 +96,9 @@ TEST(RouterMetrics, KvEventCountersFollowTheSubscriber) {
   RouterMetrics m;
   m.add_worker(0, "a:1");
   EXPECT_TRUE(std::isnan(sample(m.serialize(), "kvroute_kv_events_last_message_age_seconds{worker=\"a:1\"}")));
-  m.sync_kv_events(0, KvEventCounts{100, 2, 1, 0, 0, 0.5});
-  m.sync_kv_events(0, KvEventCounts{150, 3, 2, 1, 1, 0.1});
-  m.sync_kv_events(0, KvEventCounts{10, 0, 0, 0, 0, 0.2});  // a new subscriber starts from 0
+  m.sync_kv_events(0, KvEventCounts{100, 2, 1, 0, 0, 0.5, 0.004});
+  m.sync_kv_events(0, KvEventCounts{150, 3, 2, 1, 1, 0.1, 0.003});
+  m.sync_kv_events(0, KvEventCounts{10, 0, 0, 0, 0, 0.2, 0.002});  // a new subscriber starts from 0
   const std::string t = m.serialize();
   EXPECT_EQ(sample(t, "kvroute_kv_events_messages_total{worker=\"a:1\"}"), 160);
   EXPECT_EQ(sample(t, "kvroute_kv_events_gaps_total{worker=\"a:1\"}"), 3);
@@ -108,6 +106,7 @@ TEST(RouterMetrics, KvEventCountersFollowTheSubscriber) {
   EXPECT_EQ(sample(t, "kvroute_kv_events_malformed_total{worker=\"a:1\"}"), 1);
   EXPECT_EQ(sample(t, "kvroute_kv_events_restarts_total{worker=\"a:1\"}"), 1);
   EXPECT_EQ(sample(t, "kvroute_kv_events_last_message_age_seconds{worker=\"a:1\"}"), 0.2);
+  EXPECT_EQ(sample(t, "kvroute_kv_events_lag_seconds{worker=\"a:1\"}"), 0.002);
 }
 
 TEST(RouterMetrics, CollectHookRunsBeforeEverySerialize) {
