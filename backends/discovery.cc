@@ -6,6 +6,19 @@ namespace kvroute::backends {
 
 namespace asio = boost::asio;
 
+Result<WorkerEndpoint> discovered_endpoint(const std::string& address, const std::string& port,
+                                           std::uint16_t kv_events_port, std::uint16_t replay_port,
+                                           const std::string& model) {
+  const bool v6 = address.find(':') != std::string::npos;
+  const std::string host = v6 ? "[" + address + "]" : address;
+  auto ep = parse_worker_url("http://" + host + ":" + port);
+  if (!ep) return ep;
+  if (kv_events_port > 0) ep->kv_events_endpoint = "tcp://" + host + ":" + std::to_string(kv_events_port);
+  if (replay_port > 0) ep->kv_events_replay = "tcp://" + host + ":" + std::to_string(replay_port);
+  ep->model = model;
+  return ep;
+}
+
 DnsDiscovery::DnsDiscovery(asio::any_io_executor ex, WorkerRegistry& registry, Target target,
                            std::chrono::milliseconds interval, Report report, Resolve resolve)
     : strand_(asio::make_strand(ex)),
@@ -70,14 +83,9 @@ void DnsDiscovery::apply(boost::system::error_code ec, const std::vector<std::st
   std::set<std::string> wanted;
   std::vector<WorkerEndpoint> added;
   for (const auto& address : addresses) {
-    const bool v6 = address.find(':') != std::string::npos;
-    const std::string host = v6 ? "[" + address + "]" : address;
-    auto ep = parse_worker_url("http://" + host + ":" + target_.port);
+    auto ep = discovered_endpoint(address, target_.port, target_.kv_events_port, target_.replay_port, target_.model);
     if (!ep) continue;
     if (!wanted.insert(ep->url).second || ours_.count(ep->url)) continue;
-    if (target_.kv_events_port > 0) ep->kv_events_endpoint = "tcp://" + host + ":" + std::to_string(target_.kv_events_port);
-    if (target_.replay_port > 0) ep->kv_events_replay = "tcp://" + host + ":" + std::to_string(target_.replay_port);
-    ep->model = target_.model;
     added.push_back(std::move(*ep));
   }
   for (auto& ep : added) {

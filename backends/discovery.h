@@ -28,6 +28,12 @@
 
 namespace kvroute::backends {
 
+// The worker at a discovered ADDRESS (IPv4 or IPv6, unbracketed) and PORT: http://ADDRESS:PORT, with its KV
+// event publisher and replay socket at the given ports of the same address when they are > 0.
+Result<WorkerEndpoint> discovered_endpoint(const std::string& address, const std::string& port,
+                                           std::uint16_t kv_events_port, std::uint16_t replay_port,
+                                           const std::string& model);
+
 class DnsDiscovery : public std::enable_shared_from_this<DnsDiscovery> {
  public:
   struct Target {

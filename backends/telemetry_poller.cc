@@ -17,6 +17,7 @@ WorkerTelemetry telemetry_from(const events::WorkerTelemetry& t) {
   out.running = static_cast<std::uint32_t>(t.running.value_or(0));
   out.waiting = static_cast<std::uint32_t>(t.waiting.value_or(0));
   out.kv_usage = t.kv_usage.value_or(0);
+  out.kv_usage_reported = t.kv_usage.has_value();
   out.num_gpu_blocks = t.num_gpu_blocks.value_or(0);
   out.block_size = t.block_size.value_or(0);
   out.valid = t.running || t.waiting || t.kv_usage;
@@ -69,6 +70,7 @@ void TelemetryPoller::poll(std::shared_ptr<Worker> worker) {
         WorkerTelemetry stale = worker->telemetry();
         stale.valid = false;  // policies fall back to router-tracked load
         worker->set_telemetry(stale);
+        if (self->on_update_) self->on_update_(*worker, stale);
       }
     });
   });

@@ -5,7 +5,8 @@
 //   auto poller = std::make_shared<TelemetryPoller>(ex, registry, 1s, [&](const Worker& w) { ... });
 //   poller->start();
 //
-// A worker whose /metrics cannot be read keeps its last telemetry, marked stale after three missed polls.
+// A worker whose /metrics cannot be read keeps its last telemetry, marked stale (valid = false) after three
+// missed polls; on_update hears of that too, so what is exported as the worker's load can say "unknown".
 // Threading: polling state lives on the poller's strand; Worker::set_telemetry takes the worker's lock.
 #pragma once
 

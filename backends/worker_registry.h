@@ -51,6 +51,7 @@ struct WorkerTelemetry {
   std::uint32_t running = 0;
   std::uint32_t waiting = 0;
   double kv_usage = 0.0;
+  bool kv_usage_reported = false;  // kv_usage came from the engine (else 0 stands for unknown)
   std::uint64_t num_gpu_blocks = 0;
   std::uint32_t block_size = 0;
   bool valid = false;

@@ -35,6 +35,7 @@ Result<bool> App::start() {
   auto policy = policy::make_policy(config_.policy, popts);
   if (!policy) return policy.error();
   router_ = std::make_unique<Router>(config_, registry_, std::move(*policy), metrics_);
+  metrics_.on_collect([this] { collect_metrics(); });
   registry_.subscribe({[this](const backends::Worker& w) {
                          if (!w.endpoint().kv_events_endpoint.empty()) start_events(w);
                        },
@@ -107,20 +108,21 @@ Result<bool> App::start() {
                        << "; until then it is taken to serve any model");
   });
   health_->start();
+  const auto report = [](bool warning, const std::string& message) {
+    if (warning) {
+      LOG_WARN(message);
+    } else {
+      LOG_INFO(message);
+    }
+  };
   for (const auto& d : config_.discover) {
     backends::DnsDiscovery::Target target{d.host, d.port, d.kv_events_port, d.replay_port, d.model};
-    auto discovery = std::make_shared<backends::DnsDiscovery>(
-        io_.get_executor(), registry_, std::move(target), ms(config_.discover_interval_s),
-        [](bool warning, const std::string& message) {
-          if (warning) {
-            LOG_WARN(message);
-          } else {
-            LOG_INFO(message);
-          }
-        });
+    auto discovery = std::make_shared<backends::DnsDiscovery>(io_.get_executor(), registry_, std::move(target),
+                                                              ms(config_.discover_interval_s), report);
     discovery->start();
     discovery_.push_back(std::move(discovery));
   }
+  if (auto ok = start_k8s_discovery(report); !ok) return ok.error();
   if (config_.metrics_interval_s > 0) {
     telemetry_ = std::make_shared<backends::TelemetryPoller>(
         io_.get_executor(), registry_, ms(config_.metrics_interval_s),
@@ -131,7 +133,7 @@ Result<bool> App::start() {
   admin_->run();
   LOG_INFO("kvroute listening on " << api_.front()->local_endpoint() << " (admin " << admin_->local_endpoint()
                                    << "), policy " << config_.policy << ", " << config_.workers.size() << " workers"
-                                   << (config_.discover.empty() ? "" : " plus those of --discover") << ", "
+                                   << (config_.discover.empty() && config_.discover_k8s.empty() ? "" : " plus those discovered") << ", "
                                    << contexts_.size() << " I/O threads");
   return true;
 }
@@ -154,6 +156,25 @@ Result<bool> App::open_listeners() {
     std::make_shared<admin::AdminSession>(std::move(socket), *svc)->run();
   });
   if (auto ok = admin_->open(*admin_ep, false); !ok) return ok.error();
+  return true;
+}
+
+Result<bool> App::start_k8s_discovery(const backends::K8sDiscovery::Report& report) {
+  if (config_.discover_k8s.empty()) return true;
+  auto api = backends::in_cluster_api({config_.k8s_api_url, config_.k8s_token_file, config_.k8s_ca_file});
+  if (!api) return api.error();
+  for (const auto& d : config_.discover_k8s) {
+    backends::K8sDiscovery::Target target{d.ns, d.service, d.port_name, d.kv_events_port, d.replay_port, d.model};
+    if (target.ns.empty()) {
+      auto ns = backends::in_cluster_namespace();
+      if (!ns) return ns.error();
+      target.ns = *ns;
+    }
+    LOG_INFO("discover-k8s " << target.ns << "/" << target.service << ": watching its EndpointSlices at " << api->url);
+    auto discovery = std::make_shared<backends::K8sDiscovery>(io_.get_executor(), registry_, std::move(target), *api, report);
+    discovery->start();
+    k8s_discovery_.push_back(std::move(discovery));
+  }
   return true;
 }
 
@@ -234,12 +255,41 @@ void App::describe_events(hashing::WorkerId id, boost::json::object& o) {
 }
 
 void App::on_telemetry(const backends::Worker& w, const backends::WorkerTelemetry& t) {
+  // Stale (its polls failing): what it last said is no longer its load.
+  if (!t.valid) return metrics_.worker_load(w.id(), std::nullopt, std::nullopt, std::nullopt);
   // The engine's KV capacity, in the router's blocks, bounds what approximate mode believes it holds.
   if (t.num_gpu_blocks > 0) {
     const std::uint64_t tokens = t.num_gpu_blocks * (t.block_size ? t.block_size : config_.block_tokens);
     router_->index().set_capacity(w.id(), tokens / config_.block_tokens);
   }
-  if (auto s = metrics_.worker(w.id())) s->kv_usage->Set(t.kv_usage);
+  metrics_.worker_load(w.id(), t.running, t.waiting, t.kv_usage_reported ? std::optional(t.kv_usage) : std::nullopt);
+}
+
+void App::collect_metrics() {
+  const auto workers = registry_.snapshot();
+  std::size_t healthy = 0, routable = 0;
+  std::uint64_t capacity = 0;
+  for (const auto& w : *workers) {
+    healthy += w->healthy() ? 1 : 0;
+    metrics_.sync_prefill_saved(w->id(), router_->learned_rates(w->id()).prefill_tokens_per_s);
+    // Cordoned by the admin API or drained by discovery.
+    if (auto s = metrics_.worker(w->id())) s->cordoned->Set(w->cordoned() ? 1 : 0);
+    if (!w->routable()) continue;
+    ++routable;
+    capacity += router_->index().capacity(w->id());
+  }
+  metrics_.set_workers(workers->size(), healthy, routable);
+  metrics_.set_shared_cache(capacity, router_->cache_pools().sample_rate());
+  const auto now = std::chrono::system_clock::now();
+  std::lock_guard lock(events_mu_);
+  for (const auto& [id, sub] : subscribers_) {
+    const events::SubscriberStatus st = sub->status();
+    KvEventCounts c{st.messages, st.gaps, st.replays, st.malformed_frames, st.restarts, std::nullopt, st.last_batch_lag_s};
+    if (st.last_message.time_since_epoch().count() != 0) {
+      c.since_last_message_s = std::max(0.0, std::chrono::duration<double>(now - st.last_message).count());
+    }
+    metrics_.sync_kv_events(id, c);
+  }
 }
 
 void App::on_stream_liveness(hashing::WorkerId id, bool live, std::string_view reason) {
@@ -287,6 +337,7 @@ void App::stop() {
   for (auto& [id, sub] : subscribers_) sub->stop();
   if (health_) health_->stop();
   for (auto& d : discovery_) d->stop();
+  for (auto& d : k8s_discovery_) d->stop();
   if (telemetry_) telemetry_->stop();
   for (auto& l : api_) l->stop();
   if (admin_) admin_->stop();

@@ -20,6 +20,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "backends/discovery.h"
+#include "backends/discovery_k8s.h"
 #include "backends/events/kv_event_subscriber.h"
 #include "backends/health_checker.h"
 #include "backends/telemetry_poller.h"
@@ -51,6 +52,8 @@ class App {
 
  private:
   Result<bool> open_listeners();
+  // One K8sDiscovery per --discover-k8s Service (an error: the in-cluster API is not there).
+  Result<bool> start_k8s_discovery(const backends::K8sDiscovery::Report& report);
   // Precise mode: subscribes to a worker's KV events once its model (the events' namespace) is known.
   void start_events(const backends::Worker& worker);
   void subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint& ep, const std::string& model);
@@ -60,6 +63,9 @@ class App {
   void on_health_change(const backends::Worker& w, bool up, const std::string& why);
   // A worker's load report (polled /metrics, or a native LoadReport event): KV capacity and usage.
   void on_telemetry(const backends::Worker& w, const backends::WorkerTelemetry& t);
+  // Before /metrics is served: the fleet's size, the shared cache's capacity, cached tokens priced in prefill
+  // seconds, the KV event streams' counters.
+  void collect_metrics();
 
   const std::vector<std::unique_ptr<boost::asio::io_context>>& contexts_;
   boost::asio::io_context& io_;  // the control-plane context (contexts_[0])
@@ -74,6 +80,7 @@ class App {
   std::shared_ptr<backends::HealthChecker> health_;
   std::shared_ptr<backends::TelemetryPoller> telemetry_;
   std::vector<std::shared_ptr<backends::DnsDiscovery>> discovery_;  // one per --discover name
+  std::vector<std::shared_ptr<backends::K8sDiscovery>> k8s_discovery_;  // one per --discover-k8s Service
   std::vector<std::shared_ptr<Listener>> api_;                  // one per context
   std::shared_ptr<Listener> admin_;
   std::mutex events_mu_;

@@ -83,6 +83,23 @@ std::optional<std::string> each_attribute(
   return std::nullopt;
 }
 
+// The attributes --discover and --discover-k8s share.
+std::optional<std::string> discover_attributes(const std::vector<std::string>& parts, std::uint16_t& kv_events_port,
+                                               std::uint16_t& replay_port, std::string& model) {
+  return each_attribute(parts, [&](const std::string& key, const std::string& val) -> std::optional<std::string> {
+    if (key == "kv_events_port") {
+      if (auto bad = parse_int<std::uint16_t>(val, kv_events_port, 1, 65535)) return "kv_events_port: " + *bad;
+    } else if (key == "replay_port") {
+      if (auto bad = parse_int<std::uint16_t>(val, replay_port, 1, 65535)) return "replay_port: " + *bad;
+    } else if (key == "model") {
+      model = val;
+    } else {
+      return "unknown attribute '" + key + "' (kv_events_port, replay_port, model)";
+    }
+    return std::nullopt;
+  });
+}
+
 #define DOUBLE_OPT(field, lo, hi) [](Config& c, const std::string& v) { return parse_double(v, c.field, lo, hi); }
 #define INT_OPT(type, field, lo, hi) \
   [](Config& c, const std::string& v) { return parse_int<type>(v, c.field, lo, hi); }
@@ -129,23 +146,49 @@ const std::vector<Option>& options() {
          d.host = parts[0].substr(0, colon);
          d.port = parts[0].substr(colon + 1);
          if (d.host.size() >= 2 && d.host.front() == '[' && d.host.back() == ']') d.host = d.host.substr(1, d.host.size() - 2);
-         auto e = each_attribute(parts, [&](const std::string& key, const std::string& val) -> std::optional<std::string> {
-           if (key == "kv_events_port") {
-             if (auto bad = parse_int<std::uint16_t>(val, d.kv_events_port, 1, 65535)) return "kv_events_port: " + *bad;
-           } else if (key == "replay_port") {
-             if (auto bad = parse_int<std::uint16_t>(val, d.replay_port, 1, 65535)) return "replay_port: " + *bad;
-           } else if (key == "model") {
-             d.model = val;
-           } else {
-             return "unknown attribute '" + key + "' (kv_events_port, replay_port, model)";
-           }
-           return std::nullopt;
-         });
-         if (e) return e;
+         if (auto e = discover_attributes(parts, d.kv_events_port, d.replay_port, d.model)) return e;
          c.discover.push_back(std::move(d));
          return std::nullopt;
        },
        true},
+      {"discover-k8s", "[NAMESPACE/]SERVICE[:PORT_NAME][,kv_events_port=N][,replay_port=N][,model=NAME]",
+       "a Kubernetes Service whose EndpointSlices are workers, listed and watched through the API server: a ready "
+       "endpoint is added as http://ADDRESS:PORT (the port named PORT_NAME, else the slice's only port), a "
+       "terminating or unready one drained (no new requests), one that leaves removed; needs RBAC to list and "
+       "watch endpointslices; repeat for each Service",
+       [](Config& c, const std::string& v) -> std::optional<std::string> {
+         const std::vector<std::string> parts = split_commas(v);
+         DiscoverK8sConfig d;
+         std::string name = parts[0];
+         if (const auto slash = name.find('/'); slash != std::string::npos) {
+           d.ns = name.substr(0, slash);
+           name = name.substr(slash + 1);
+         }
+         if (const auto colon = name.find(':'); colon != std::string::npos) {
+           d.port_name = name.substr(colon + 1);
+           name = name.substr(0, colon);
+         }
+         d.service = name;
+         // Kubernetes object names are DNS labels (RFC 1123): lower case, digits and '-'.
+         const auto label = [](const std::string& s) {
+           return !s.empty() && s.size() <= 253 && s.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-.") == std::string::npos;
+         };
+         if (!label(d.service) || (!d.ns.empty() && !label(d.ns)) ||
+             (!d.port_name.empty() && !label(d.port_name))) {
+           return "'" + parts[0] + "' must be [NAMESPACE/]SERVICE[:PORT_NAME] (lower-case Kubernetes names)";
+         }
+         if (auto e = discover_attributes(parts, d.kv_events_port, d.replay_port, d.model)) return e;
+         c.discover_k8s.push_back(std::move(d));
+         return std::nullopt;
+       },
+       true},
+      {"k8s-api-url", "URL", "Kubernetes API server for --discover-k8s (default: in-cluster, "
+       "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)",
+       [](Config& c, const std::string& v) { c.k8s_api_url = v; return std::optional<std::string>(); }},
+      {"k8s-token-file", "FILE", "bearer token for the Kubernetes API (default: the pod's service account token)",
+       [](Config& c, const std::string& v) { c.k8s_token_file = v; return std::optional<std::string>(); }},
+      {"k8s-ca-file", "FILE", "CA bundle of the Kubernetes API server (default: the pod's service account CA)",
+       [](Config& c, const std::string& v) { c.k8s_ca_file = v; return std::optional<std::string>(); }},
       {"discover-interval", "SECONDS", "how often --discover names are resolved again (default 5)",
        DOUBLE_OPT(discover_interval_s, 0.05, 3600)},
       {"policy", "NAME", "routing policy (default kv_cost); one of the names listed below",
@@ -326,19 +369,21 @@ Result<Config> apply_yaml(Config cfg, const std::string& text, const std::string
         }
         continue;
       }
-      if (key == "discover") {  // a list of names in the flag's form
-        if (!kv.second.IsSequence()) return make_error(origin + ": 'discover' must be a list");
-        cfg.discover.clear();
+      if (key == "discover" || key == "discover_k8s") {  // a list of names in the flag's form
+        if (!kv.second.IsSequence()) return make_error(origin + ": '" + key + "' must be a list");
+        if (key == "discover") cfg.discover.clear();
+        if (key == "discover_k8s") cfg.discover_k8s.clear();
+        const Option* o = find_option(key == "discover" ? "discover" : "discover-k8s");
         for (const auto& d : kv.second) {
-          if (!d.IsScalar()) return make_error(origin + ": discover: each item is HOST:PORT[,attributes]");
-          if (auto e = find_option("discover")->set(cfg, d.as<std::string>())) return make_error(origin + ": discover: " + *e);
+          if (!d.IsScalar()) return make_error(origin + ": " + key + ": each item is " + o->arg);
+          if (auto e = o->set(cfg, d.as<std::string>())) return make_error(origin + ": " + key + ": " + *e);
         }
         continue;
       }
       const Option* opt = nullptr;
       for (const auto& o : options()) {
         if (yaml_key(o.name) == key && std::string_view(o.name) != "config" && std::string_view(o.name) != "worker" &&
-            std::string_view(o.name) != "discover") {
+            std::string_view(o.name) != "discover" && std::string_view(o.name) != "discover-k8s") {
           opt = &o;
         }
       }
@@ -387,7 +432,7 @@ Result<Config> load_config(int argc, const char* const* argv, bool* help_request
     if (!r) return r.error();
     cfg = std::move(*r);
   }
-  bool workers_from_flags = false, discover_from_flags = false;
+  bool workers_from_flags = false, discover_from_flags = false, k8s_from_flags = false;
   for (const auto& [name, value] : flags) {
     if (name == "config") continue;
     if (name == "worker" && !workers_from_flags) {
@@ -397,6 +442,10 @@ Result<Config> load_config(int argc, const char* const* argv, bool* help_request
     if (name == "discover" && !discover_from_flags) {
       cfg.discover.clear();  // and --discover flags the file's names
       discover_from_flags = true;
+    }
+    if (name == "discover-k8s" && !k8s_from_flags) {
+      cfg.discover_k8s.clear();
+      k8s_from_flags = true;
     }
     if (auto e = find_option(name)->set(cfg, value)) return make_error("--" + name + ": " + *e);
   }

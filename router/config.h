@@ -33,12 +33,28 @@ struct DiscoverConfig {
   std::string model;                 // namespace of the events; empty: ask each worker's /v1/models
 };
 
+// A Kubernetes Service whose EndpointSlices are workers, listed and watched through the API server
+// (backends/discovery_k8s.h).
+struct DiscoverK8sConfig {
+  std::string ns;         // empty: the pod's own namespace
+  std::string service;
+  std::string port_name;  // empty: each slice's only port
+  std::uint16_t kv_events_port = 0;
+  std::uint16_t replay_port = 0;
+  std::string model;
+};
+
 struct Config {
   std::string listen = "0.0.0.0:8080";
   std::string admin_listen = "127.0.0.1:9090";
   std::vector<WorkerConfig> workers;
   std::vector<DiscoverConfig> discover;
   double discover_interval_s = 5;
+  std::vector<DiscoverK8sConfig> discover_k8s;
+  // The Kubernetes API for discover_k8s; empty: in-cluster (the pod's service account).
+  std::string k8s_api_url;
+  std::string k8s_token_file;
+  std::string k8s_ca_file;
   std::string policy = "kv_cost";
   int threads = 0;  // 0: one per core
 

@@ -134,6 +134,8 @@ void Exchange::on_head() {
   awaiting_head_ = false;
   auto& up = up_parser_->get();
   client_.set_status(up.result_int());
+  // A 4xx is the client's request refused (kind worker_rejected), never an upstream error.
+  if (!worker_->removed()) svc_.metrics.upstream_status(worker_->id(), up.result_int());
   const bool event_stream = up[http::field::content_type].find("text/event-stream") != std::string_view::npos;
   const bool rewritten = observer_.on_head(up.result_int(), event_stream, *worker_, client_.request_id());
   down_chunked_ = build_response_head(rewritten);
@@ -302,9 +304,15 @@ void Exchange::on_watch_due() {
   if (lease_.stream) client_.watch_disconnect();
 }
 
-void Exchange::fail(std::string why, unsigned status, const char* code) { failed(std::move(why), false, status, code); }
+void Exchange::fail(std::string why, unsigned status, const char* code) {
+  failed(std::move(why), false, status, code, /*worker_fault=*/false);
+}
 
-void Exchange::failed(std::string why, bool retry_fresh, unsigned status, const char* code) {
+void Exchange::count_failure(RouterMetrics::WorkerFailure failure) {
+  if (!worker_->removed()) svc_.metrics.worker_failure(worker_->id(), failure);
+}
+
+void Exchange::failed(std::string why, bool retry_fresh, unsigned status, const char* code, bool worker_fault) {
   if (lease_.stream) {
     svc_.pool.release(std::move(lease_), false);
     lease_ = {};
@@ -312,15 +320,18 @@ void Exchange::failed(std::string why, bool retry_fresh, unsigned status, const 
   // A reused keep-alive connection may have been closed by the worker while idle: retry once, fresh.
   if (retry_fresh && !retried_) {
     retried_ = true;
+    svc_.metrics.retried_fresh();
     return acquire(true);
   }
   retried_ = false;
+  if (worker_fault) count_failure(RouterMetrics::WorkerFailure::kBroken);
   events_.on_exchange_failed(ExchangeFailure{FailedAt::kBeforeFirstByte, std::move(why), status, code});
 }
 
 // The head is already out: the client can only learn of the failure by the connection closing.
 void Exchange::broke_off(beast::error_code ec) {
   const std::string why = "worker " + worker_->name() + " broke off the response: " + ec.message();
+  count_failure(RouterMetrics::WorkerFailure::kBroken);
   events_.on_exchange_failed(ExchangeFailure{FailedAt::kAfterFirstByte, why});
 }
 

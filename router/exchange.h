@@ -26,6 +26,7 @@
 
 #include "router/client_session.h"
 #include "router/lazy_deadline.h"
+#include "router/metrics.h"
 #include "router/relay_observer.h"
 #include "router/services.h"
 
@@ -91,7 +92,10 @@ class Exchange {
   void on_down_written(boost::beast::error_code ec, std::size_t);
   void on_deadline();
   void on_watch_due();
-  void failed(std::string why, bool retry_fresh, unsigned status = 502, const char* code = "worker_unavailable");
+  // `worker_fault`: counted as the worker's broken exchange (not when the handler gives up on connecting).
+  void failed(std::string why, bool retry_fresh, unsigned status = 502, const char* code = "worker_unavailable",
+              bool worker_fault = true);
+  void count_failure(RouterMetrics::WorkerFailure failure);
   void broke_off(boost::beast::error_code ec);
   void close_upstream();
 

@@ -1,8 +1,13 @@
 // RouterMetrics: kvroute's Prometheus series (served on the admin listener at /metrics).
 //
 // Fleet-wide and per-worker series; a worker's series are created when it is added and removed with it, so a
-// scaled-down fleet leaves no stale labels behind. prometheus-cpp metrics are thread-safe; the per-worker map
-// is guarded by mu_.
+// scaled-down fleet leaves no stale labels behind. The `worker` label is the worker's display name (host:port
+// unless configured), so label cardinality is bounded by the fleet; every other label takes a fixed set of
+// values, all created at zero when the registry is built (an increase() sees the first event). prometheus-cpp
+// metrics are thread-safe; the per-worker map is guarded by mu_.
+//
+// Values the router only knows by asking (the fleet's size, the KV event streams' counters, the process) are
+// refreshed by the hook set with on_collect(), which serialize() runs first.
 //
 // Hit rate on a dashboard: rate(kvroute_reported_cached_tokens_total) / rate(kvroute_prompt_tokens_total).
 // Prediction truth: confirmed / reported is the share of real hits the router foresaw (recall), and
@@ -11,10 +16,19 @@
 // Cache efficiency: rate(kvroute_fleet_cache_hit_tokens_total{cache="workers"}) / rate(...{cache="shared"}), what
 // the workers served from cache against what one LRU holding the fleet's whole KV capacity would have served
 // for the same requests (hashing/shared_cache.h).
+//
+//   RouterMetrics m;
+//   m.on_collect([&] { m.set_workers(...); });
+//   m.add_worker(id, "10.0.0.7:8000");
+//   m.upstream_status(id, 503);    // kvroute_errors_total{kind="upstream"}, kvroute_worker_errors_total{class="5xx"}
+//   std::string text = m.serialize();
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -29,6 +43,17 @@
 #include "hashing/prefix_index.h"
 
 namespace kvroute::router {
+
+// What a worker's KV event subscriber counted so far (events::SubscriberStatus), for sync_kv_events().
+struct KvEventCounts {
+  std::uint64_t messages = 0;
+  std::uint64_t gaps = 0;
+  std::uint64_t replays = 0;
+  std::uint64_t malformed = 0;
+  std::uint64_t restarts = 0;
+  std::optional<double> since_last_message_s;  // none: no message yet
+  std::optional<double> batch_lag_s;           // engine timestamp to arrival of the last batch; none: not known
+};
 
 class RouterMetrics {
  public:
@@ -45,7 +70,29 @@ class RouterMetrics {
     prometheus::Gauge* kv_usage;
     prometheus::Gauge* precise_mode;
     prometheus::Histogram* ttft;
+    // Added with the worker like the series above; the members below are written through RouterMetrics.
+    prometheus::Histogram* itl;
+    prometheus::Gauge* running;
+    prometheus::Gauge* waiting;
+    prometheus::Counter* prefill_saved_s;
+    prometheus::Counter* errors_4xx;
+    prometheus::Counter* errors_5xx;
+    prometheus::Counter* errors_connect;
+    prometheus::Counter* errors_broken;
+    prometheus::Counter* kv_messages;
+    prometheus::Counter* kv_gaps;
+    prometheus::Counter* kv_replays;
+    prometheus::Counter* kv_malformed;
+    prometheus::Counter* kv_restarts;
+    prometheus::Gauge* kv_since_last;
+    prometheus::Gauge* kv_lag;
+    // What was last folded into the counters above (guarded by RouterMetrics::mu_).
+    double priced_cached_tokens = 0;
+    KvEventCounts kv_seen;
   };
+
+  // How a request to a worker failed without an HTTP status of its own (kvroute_worker_errors_total's class).
+  enum class WorkerFailure { kConnect, kBroken };
 
   RouterMetrics();
 
@@ -55,9 +102,41 @@ class RouterMetrics {
   std::shared_ptr<WorkerSeries> worker(hashing::WorkerId id) const;
 
   void routed(const std::string& reason);
+  // kvroute_errors_total{kind}: one count per failed request. The kinds kvroute uses exist from the start.
   void error(const std::string& kind);
   void decision_seconds(double s) { decision_->Observe(s); }
   void request_seconds(double s) { duration_->Observe(s); }
+
+  // A worker answered with HTTP `status`: a 4xx (the client's request refused, e.g. an unknown model) counts
+  // as kvroute_errors_total{kind="worker_rejected"}, never as "upstream", and both 4xx and 5xx count in
+  // kvroute_worker_errors_total{worker, class}. 1xx-3xx count nowhere.
+  void upstream_status(hashing::WorkerId id, unsigned status);
+  // A worker could not be connected to, or the exchange broke (reset, timeout) before its end.
+  void worker_failure(hashing::WorkerId id, WorkerFailure failure);
+  // Time to first token, observed only for a successful (2xx) response: an error body's first byte is no
+  // token. Workers removed meanwhile are skipped by the caller (their id may be another worker's).
+  void ttft(hashing::WorkerId id, double seconds, unsigned status);
+  // Inter-token latency of a streamed response (seconds between two tokens, or a mean over several).
+  void itl(hashing::WorkerId id, double seconds);
+  // A request routed again to another worker after its first could not be connected to, and a request
+  // retried once on a fresh connection after a pooled one turned out closed.
+  void rerouted() { reroutes_->Increment(); }
+  void retried_fresh() { retries_fresh_->Increment(); }
+
+  // The fleet as the registry holds it (set by the collect hook): every worker, those passing their health
+  // checks, and those a request may be routed to (healthy and not cordoned).
+  void set_workers(std::size_t total, std::size_t healthy, std::size_t routable);
+  // A worker's reported load; none: not reported (or no longer: the poll went stale), exported as NaN.
+  void worker_load(hashing::WorkerId id, std::optional<double> running, std::optional<double> waiting,
+                   std::optional<double> kv_usage);
+  // Prices the cached tokens the worker reported since the last call at its learned prefill rate (tokens/s):
+  // kvroute_prefill_seconds_saved_total{worker} and the fleet's kvroute_fleet_prefill_seconds_saved_total.
+  void sync_prefill_saved(hashing::WorkerId id, double prefill_tokens_per_s);
+  // Brings the KV event stream counters up to the subscriber's (a new subscriber starts again from 0).
+  void sync_kv_events(hashing::WorkerId id, const KvEventCounts& counts);
+  // Runs before every serialize(): refreshes what is read from elsewhere (set once, before serving).
+  void on_collect(std::function<void()> hook) { collect_hook_ = std::move(hook); }
+
   void set_index(std::size_t entries, std::size_t bytes) {
     index_entries_->Set(static_cast<double>(entries));
     index_bytes_->Set(static_cast<double>(bytes));
@@ -84,6 +163,8 @@ class RouterMetrics {
   }
   // The totals of the two series above: {workers, shared}.
   std::pair<double, double> fleet_cache_hits() const { return {fleet_hits_workers_->Value(), fleet_hits_shared_->Value()}; }
+  // Set when a request resizes a pool's cache, and by the collect hook from the routable workers, so that the
+  // capacity follows workers removed or taken out of rotation even while no request is routed.
   void set_shared_cache(std::uint64_t capacity_blocks, double sample_rate) {
     shared_capacity_->Set(static_cast<double>(capacity_blocks));
     shared_sample_rate_->Set(sample_rate);
@@ -97,6 +178,12 @@ class RouterMetrics {
   std::string serialize() const;
 
  private:
+  // A labelled series created on first use (kinds outside the pre-created set), under mu_.
+  prometheus::Counter& labelled(prometheus::Family<prometheus::Counter>& family,
+                                std::unordered_map<std::string, prometheus::Counter*>& slots, const char* label,
+                                const std::string& value);
+  void update_process() const;
+
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& routed_;
@@ -112,6 +199,18 @@ class RouterMetrics {
   prometheus::Family<prometheus::Gauge>& kv_usage_;
   prometheus::Family<prometheus::Gauge>& precise_;
   prometheus::Family<prometheus::Histogram>& ttft_;
+  prometheus::Family<prometheus::Histogram>& itl_;
+  prometheus::Family<prometheus::Gauge>& running_;
+  prometheus::Family<prometheus::Gauge>& waiting_;
+  prometheus::Family<prometheus::Counter>& prefill_saved_;
+  prometheus::Family<prometheus::Counter>& worker_errors_;
+  prometheus::Family<prometheus::Counter>& kv_messages_;
+  prometheus::Family<prometheus::Counter>& kv_gaps_;
+  prometheus::Family<prometheus::Counter>& kv_replays_;
+  prometheus::Family<prometheus::Counter>& kv_malformed_;
+  prometheus::Family<prometheus::Counter>& kv_restarts_;
+  prometheus::Family<prometheus::Gauge>& kv_since_last_;
+  prometheus::Family<prometheus::Gauge>& kv_lag_;
   prometheus::Histogram* decision_;
   prometheus::Histogram* duration_;
   prometheus::Gauge* index_entries_;
@@ -132,6 +231,20 @@ class RouterMetrics {
   prometheus::Counter* lookups_found_;
   prometheus::Counter* lookups_not_found_;
   prometheus::Counter* lookups_skipped_;
+  prometheus::Counter* reroutes_;
+  prometheus::Counter* retries_fresh_;
+  prometheus::Counter* fleet_prefill_saved_;
+  prometheus::Gauge* workers_total_;
+  prometheus::Gauge* workers_healthy_;
+  prometheus::Gauge* workers_routable_;
+  // process_* (the Prometheus client libraries' standard process collector), refreshed by serialize().
+  prometheus::Counter* process_cpu_;
+  prometheus::Gauge* process_rss_;
+  prometheus::Gauge* process_vsize_;
+  prometheus::Gauge* process_open_fds_;
+  prometheus::Gauge* process_max_fds_;
+  prometheus::Gauge* process_threads_;
+  std::function<void()> collect_hook_;
 
   mutable std::mutex mu_;
   std::unordered_map<hashing::WorkerId, std::shared_ptr<WorkerSeries>> workers_;  // guarded by mu_

@@ -41,6 +41,9 @@ bool RelayObserver::on_head(unsigned status, bool event_stream, const backends::
   worker_ = &worker;
   request_id_ = request_id;
   status_ = status;
+  if (decision_) decision_->status = status;
+  time_events_ = event_stream && status >= 200 && status < 300;
+  event_seen_ = false;
   strip_active_ = strip_usage_ && event_stream;
   // A new stored response: its id is read from the body's first bytes, to send its continuations here.
   id_head_.clear();
@@ -60,6 +63,7 @@ std::string_view RelayObserver::on_body(std::string_view piece, bool last) {
       router_.first_byte(*decision_);
     }
     keep_tail(piece);
+    if (time_events_ && decision_) time_tokens(piece);
     if (capture_id_) capture_response_id(piece);
     if (status_reader_) status_reader_->feed(piece);
   }
@@ -86,6 +90,27 @@ void RelayObserver::capture_response_id(std::string_view piece) {
                         << worker_->name() << "; a continuation of this response may not reach it");
     capture_id_ = false;
   }
+}
+
+// Inter-token latency: the time between data events after the first (vLLM sends a token per event). Events
+// that arrive in one piece came together: the interval since the last one is shared among them, a mean. The
+// closing "data: [DONE]" carries no token.
+void RelayObserver::time_tokens(std::string_view piece) {
+  std::size_t events = 0;
+  for (std::size_t at = piece.find("data:"); at != std::string_view::npos; at = piece.find("data:", at + 5)) {
+    if (at > 0 && piece[at - 1] != '\n') continue;  // "data:" inside a payload
+    std::string_view rest = piece.substr(at + 5);
+    if (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+    if (!rest.starts_with("[DONE]")) ++events;
+  }
+  if (events == 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (event_seen_) {
+    router_.inter_token(*decision_, std::chrono::duration<double>(now - last_event_at_).count() /
+                                        static_cast<double>(events));
+  }
+  event_seen_ = true;
+  last_event_at_ = now;
 }
 
 void RelayObserver::keep_tail(std::string_view piece) {

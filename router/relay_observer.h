@@ -12,6 +12,7 @@
 //   outcome.usage = observer.usage();
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -59,6 +60,7 @@ class RelayObserver {
  private:
   void capture_response_id(std::string_view piece);
   void keep_tail(std::string_view piece);
+  void time_tokens(std::string_view piece);
 
   Router& router_;
   std::optional<Decision>& decision_;
@@ -68,6 +70,10 @@ class RelayObserver {
   bool strip_usage_ = false;   // this request's usage event was added by the router
   bool strip_active_ = false;  // ... and the response is an event stream to remove it from
   unsigned status_ = 0;
+  // Inter-token latency of a successful event stream: when its last data event came, and whether one did.
+  bool time_events_ = false;
+  bool event_seen_ = false;
+  std::chrono::steady_clock::time_point last_event_at_;
   std::string tail_;
   bool capture_id_ = false;    // a Responses API response whose id has not been read yet
   bool id_in_events_ = false;  // ... streamed: the id is in the first event

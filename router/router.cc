@@ -344,7 +344,11 @@ void Router::first_byte(Decision& d) {
   computing_done(d, d.streamed);
   if (d.worker->removed() || d.background) return;  // removed: its id may be another worker's (complete())
   if (d.streamed) ttft_tail_.add(d.ttft_s);  // only a streamed response's first byte is its first token
-  if (auto s = metrics_.worker(d.worker->id())) s->ttft->Observe(d.ttft_s);
+  metrics_.ttft(d.worker->id(), d.ttft_s, d.status);  // an error body's first byte is no token
+}
+
+void Router::inter_token(const Decision& d, double seconds) {
+  if (!d.worker->removed()) metrics_.itl(d.worker->id(), seconds);
 }
 
 void Router::complete(Decision& d, const Outcome& outcome) {

@@ -44,6 +44,7 @@ struct Decision {
   double ttft_s = 0;
   std::chrono::steady_clock::time_point first_byte_at;
   bool streamed = false;           // the first byte is the first token (server-sent events)
+  unsigned status = 0;             // the worker's HTTP status, once its head came (TTFT counts only 2xx)
   // A Responses API request run in the background: its answer ("queued") comes before any token, so it has no
   // TTFT and no usage; unless streamed, its load stays held after that answer (Router::holds_background).
   bool background = false;
@@ -92,6 +93,8 @@ class Router {
   // worker does.
   std::shared_ptr<backends::Worker> any_healthy(std::string_view model = {}) const;
   void first_byte(Decision& d);
+  // Inter-token latency of a streamed response (kvroute_itl_seconds), skipped for a worker removed meanwhile.
+  void inter_token(const Decision& d, double seconds);
   void complete(Decision& d, const Outcome& outcome);
   // kv_cost's prefix hold. A request route() sent to a worker in precise mode, with no session, whose matched
   // prefix there ends in a block that an earlier request is still computing (hashing/computing_prefixes.h)

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <cmath>
 #include <limits>
 
 #include "backends/events/vllm_events.h"
@@ -244,6 +245,7 @@ SubscriberStatus KvEventSubscriber::status() const {
   s.duplicates = counters_.duplicates.load(std::memory_order_relaxed);
   s.restarts = counters_.restarts.load(std::memory_order_relaxed);
   s.resets = counters_.resets.load(std::memory_order_relaxed);
+  if (const double lag = counters_.last_batch_lag_s.load(std::memory_order_relaxed); !std::isnan(lag)) s.last_batch_lag_s = lag;
   const std::int64_t ns = counters_.last_message_ns.load(std::memory_order_relaxed);
   if (ns != 0) {
     s.last_message = std::chrono::system_clock::time_point(
@@ -441,6 +443,7 @@ void KvEventSubscriber::decode_and_apply(std::uint32_t r, std::string_view topic
     return;
   }
   applier_->apply(batch_, r);
+  if (batch_.ts > 0) counters_.last_batch_lag_s.store(static_cast<double>(now_ns()) * 1e-9 - batch_.ts, std::memory_order_relaxed);
   counters_.batches.fetch_add(1, std::memory_order_relaxed);
   counters_.events.fetch_add(batch_.events.size(), std::memory_order_relaxed);
   if (load && telemetry_listener_) telemetry_listener_(worker(), *load);

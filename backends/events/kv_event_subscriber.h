@@ -41,6 +41,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -85,6 +86,9 @@ struct SubscriberStatus {
   bool live = false;
   bool connected = false;  // every rank connected
   std::chrono::system_clock::time_point last_message{};  // wall clock of the last message, any rank
+  // Wall-clock seconds from the engine stamping the last applied batch (its ts) to its arrival here; none
+  // before the first batch with a timestamp. Includes any clock skew between the two hosts.
+  std::optional<double> last_batch_lag_s;
   std::uint64_t messages = 0;           // well-formed messages received (live and replayed)
   std::uint64_t batches_applied = 0;
   std::uint64_t events_applied = 0;
@@ -132,6 +136,7 @@ class KvEventSubscriber {
     std::atomic<std::uint64_t> messages{0}, batches{0}, events{0}, malformed{0}, gaps{0}, replays{0},
         replay_failures{0}, duplicates{0}, restarts{0}, resets{0};
     std::atomic<std::int64_t> last_message_ns{0};
+    std::atomic<double> last_batch_lag_s{std::numeric_limits<double>::quiet_NaN()};
   };
 
   void run();

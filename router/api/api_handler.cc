@@ -87,7 +87,8 @@ void ApiHandler::forward(std::shared_ptr<backends::Worker> worker) {
 
 void ApiHandler::on_relayed(bool reusable) {
   const unsigned status = session_.status();
-  finish(status >= 200 && status < 300, reusable);
+  // A 4xx is the client's error, answered by the worker: not an upstream failure (Exchange::on_head counted it).
+  finish(status >= 200 && status < 300, reusable, /*worker_failed=*/status >= 500);
   session_.answered();
 }
 
@@ -129,9 +130,11 @@ void ApiHandler::on_connect_failed(beast::error_code ec) {
   const std::string reason = ec == beast::error::timeout ? std::string("timed out") : ec.message();
   const std::string why = "cannot connect to worker " + worker_->name() + ": " + reason;
   if (net::local_resource_error(ec)) return exchange_.fail(why, 503, "router_overloaded");
+  if (!worker_->removed()) svc_.metrics.worker_failure(worker_->id(), RouterMetrics::WorkerFailure::kConnect);
   svc_.worker_unreachable(*worker_, "could not be connected to (" + reason + ")");
   if (reroutes_ >= kMaxReroutes) return exchange_.fail(why);
   ++reroutes_;
+  svc_.metrics.rerouted();
   LOG_INFO("request " << session_.request_id() << ": " << why << "; routing it again");
   if (!decision_) return forward_to_least_loaded();
   route_again();

@@ -529,6 +529,13 @@ TEST(RouterE2E, StreamingIsIncrementalAndByteIdentical) {
     // together, at the end or in 16 KB pieces, delivers the middle piece with the last).
     EXPECT_GT(arrivals.back() - arrivals.front(), 150ms);
     EXPECT_GT(arrivals.back() - arrivals[arrivals.size() / 2], 80ms);
+    // Inter-token latency, timed between the relayed events: ~7 ms per token, whatever the load adds.
+    const std::string w = "{worker=\"" + routed.header("x-kvroute-worker") + "\"}";
+    const double itl_count = worker_counter(fleet.admin(), "kvroute_itl_seconds_count" + w);
+    EXPECT_GE(itl_count, 20);
+    const double itl_mean = worker_counter(fleet.admin(), "kvroute_itl_seconds_sum" + w) / itl_count;
+    EXPECT_GT(itl_mean, 0.001);
+    EXPECT_LT(itl_mean, 0.1);
     EXPECT_NE(routed.body.find("data: [DONE]"), std::string::npos);
     // The router asked the worker for usage; the client, which did not, must not see it.
     EXPECT_EQ(routed.body.find("\"usage\""), std::string::npos);
@@ -621,7 +628,7 @@ TEST(RouterE2E, LongStreamsSurviveIdleTimeoutAndDisconnectsCancel) {
   EXPECT_EQ(json::parse(http(fleet.admin(), "GET", "/admin/workers").body).at("workers").at(0).at("in_flight").as_int64(), 0);
   const std::string metrics = http(fleet.admin(), "GET", "/metrics").body;
   EXPECT_NE(metrics.find("kvroute_errors_total{kind=\"client_disconnected\"} 1"), std::string::npos);
-  EXPECT_EQ(metrics.find("kvroute_errors_total{kind=\"upstream\"}"), std::string::npos);
+  EXPECT_NE(metrics.find("kvroute_errors_total{kind=\"upstream\"} 0\n"), std::string::npos);
 }
 
 // A request whose client leaves before the worker answered reports no usage, not that of the request before
@@ -841,9 +848,18 @@ TEST(RouterE2E, BadInputGetsClearErrorsAndServingContinues) {
   EXPECT_EQ(routed.status, direct.status);
   EXPECT_EQ(routed.status, 404);
   EXPECT_EQ(routed.body, direct.body);
+  // The worker refused the client's request: counted as such, not as an upstream failure, and its error body's
+  // first byte is no time to first token.
+  const std::string w = routed.header("x-kvroute-worker");
+  EXPECT_EQ(counter_reaching(fleet.admin(), "kvroute_errors_total{kind=\"worker_rejected\"}", 1), 1);
+  EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_worker_errors_total{class=\"4xx\",worker=\"" + w + "\"}"), 1);
+  EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_ttft_seconds_count{worker=\"" + w + "\"}"), 0);
   // Still serving.
   auto ok = http(fleet.api(), "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"hello","max_tokens":2})");
   EXPECT_EQ(ok.status, 200) << ok.body;
+  const std::string ok_worker = ok.header("x-kvroute-worker");
+  EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_ttft_seconds_count{worker=\"" + ok_worker + "\"}"), 1);
+  EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_errors_total{kind=\"upstream\"}"), 0);
   EXPECT_FALSE(ok.header("x-request-id").empty());
   auto echoed = http(fleet.api(), "POST", "/v1/completions", R"({"model":"qwen3-8b","prompt":"hello","max_tokens":2})",
                      {{"x-request-id", "abc-123"}});
@@ -1280,7 +1296,11 @@ TEST(RouterE2E, RefusedConnectionIsRoutedElsewhere) {
     EXPECT_EQ(served[fleet.worker_name(1)], 12);
     const std::string metrics = http(fleet.admin(), "GET", "/metrics").body;
     EXPECT_NE(metrics.find("kvroute_worker_healthy{worker=\"" + fleet.worker_name(0) + "\"} 0"), std::string::npos);
-    EXPECT_EQ(metrics.find("kvroute_errors_total{kind=\"upstream\"}"), std::string::npos);  // no request failed
+    EXPECT_NE(metrics.find("kvroute_errors_total{kind=\"upstream\"} 0\n"), std::string::npos);  // no request failed
+    EXPECT_EQ(worker_counter(fleet.admin(), "kvroute_retries_total{kind=\"reroute\"}"), 1);
+    EXPECT_EQ(worker_counter(fleet.admin(),
+                             "kvroute_worker_errors_total{class=\"connect\",worker=\"" + fleet.worker_name(0) + "\"}"),
+              1);
   }
   {
     Fleet fleet(2, {"--health-interval", "60"});

@@ -122,6 +122,30 @@ TEST(Config, DiscoverNamesFromFlagsAndYaml) {
   EXPECT_NE(apply_yaml({}, "discover: a.b:80", "f.yaml").error().message.find("must be a list"), std::string::npos);
 }
 
+TEST(Config, DiscoverK8sServicesFromFlagsAndYaml) {
+  auto c = parse({"--discover-k8s", "llm/vllm:http,kv_events_port=5557,model=m", "--discover-k8s=sglang",
+                  "--k8s-api-url", "http://127.0.0.1:8001", "--k8s-token-file", "/t", "--k8s-ca-file", "/c"});
+  ASSERT_TRUE(c) << c.error().message;
+  ASSERT_EQ(c->discover_k8s.size(), 2u);
+  EXPECT_EQ(c->discover_k8s[0].ns, "llm");
+  EXPECT_EQ(c->discover_k8s[0].service, "vllm");
+  EXPECT_EQ(c->discover_k8s[0].port_name, "http");
+  EXPECT_EQ(c->discover_k8s[0].kv_events_port, 5557);
+  EXPECT_EQ(c->discover_k8s[0].model, "m");
+  EXPECT_EQ(c->discover_k8s[1].ns, "");  // the pod's own namespace
+  EXPECT_EQ(c->discover_k8s[1].service, "sglang");
+  EXPECT_EQ(c->discover_k8s[1].port_name, "");
+  EXPECT_EQ(c->k8s_api_url, "http://127.0.0.1:8001");
+  EXPECT_EQ(c->k8s_token_file, "/t");
+  EXPECT_EQ(c->k8s_ca_file, "/c");
+  auto y = apply_yaml({}, "discover_k8s:\n  - llm/vllm:http\n", "f.yaml");
+  ASSERT_TRUE(y) << y.error().message;
+  ASSERT_EQ(y->discover_k8s.size(), 1u);
+  EXPECT_EQ(y->discover_k8s[0].port_name, "http");
+  EXPECT_NE(parse({"--discover-k8s", "LLM/Vllm"}).error().message.find("[NAMESPACE/]SERVICE[:PORT_NAME]"), std::string::npos);
+  EXPECT_NE(parse({"--discover-k8s", "llm/vllm,replay=1"}).error().message.find("unknown attribute 'replay'"), std::string::npos);
+}
+
 TEST(Config, ErrorsNameTheOptionAndValue) {
   struct Case {
     std::vector<std::string> args;

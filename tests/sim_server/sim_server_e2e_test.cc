@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
@@ -10,6 +11,7 @@
 #include <boost/json/value.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <string_view>
@@ -256,6 +258,38 @@ TEST_F(SimServerTest, MetricsUseVllmNames) {
   const std::string line = r.body.substr(info, r.body.find('\n', info) - info);
   EXPECT_NE(line.find("block_size=\"16\""), std::string::npos) << line;
   EXPECT_NE(line.find("num_gpu_blocks=\"4096\""), std::string::npos) << line;
+}
+
+// promtool's lint (the one a Prometheus operator runs) on the real /metrics: only vLLM's ':' names may draw a
+// complaint. Every family has HELP and TYPE naming its samples (a counter's with _total, as prometheus_client
+// writes vLLM's), so nothing is untyped or missing help.
+TEST_F(SimServerTest, MetricsPassPromtoolButForColonNames) {
+  if (std::system("command -v promtool >/dev/null 2>&1") != 0) GTEST_SKIP() << "promtool is not installed (Debian: prometheus)";
+  ASSERT_EQ(http_call(port(), "POST", "/v1/completions", R"({"prompt":"lint me","max_tokens":2})").status, 200);
+  HttpReply r = http_call(port(), "GET", "/metrics");
+  ASSERT_EQ(r.status, 200);
+  char path[] = "/tmp/kvroute-sim-metrics-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, r.body.data(), r.body.size()), static_cast<ssize_t>(r.body.size()));
+  ::close(fd);
+  FILE* out = ::popen(("promtool check metrics < " + std::string(path) + " 2>&1").c_str(), "r");
+  ASSERT_NE(out, nullptr);
+  std::string report;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, out)) > 0;) report.append(buf, n);
+  ::pclose(out);
+  ::unlink(path);
+  std::size_t complaints = 0;
+  for (std::size_t at = 0, nl; at < report.size(); at = nl + 1) {
+    nl = report.find('\n', at);
+    if (nl == std::string::npos) nl = report.size();
+    const std::string line = report.substr(at, nl - at);
+    if (line.empty()) continue;
+    ++complaints;
+    EXPECT_TRUE(line.ends_with("metric names should not contain ':'")) << line;
+  }
+  EXPECT_GT(complaints, 0u);  // the colon names are there, so promtool did read the exposition
 }
 
 TEST_F(SimServerTest, DebugKvBlocksListsHeldHashes) {

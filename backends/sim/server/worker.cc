@@ -455,8 +455,12 @@ std::string SimWorker::metrics_text() const {
     out.append("# HELP ").append(name).append(" ").append(help).append("\n# TYPE ").append(name).append(" gauge\n");
     out.append(name).append("{").append(label).append("} ").append(fmt_double(v)).append("\n");
   };
+  // A counter is exposed as prometheus_client (which vLLM uses) writes the text format: HELP, TYPE and sample
+  // all name the family with its _total suffix (prometheus_client/exposition.py, generate_latest), which is
+  // what `promtool check metrics` expects too.
   auto counter = [&](const char* name, const char* help, double v) {
-    out.append("# HELP ").append(name).append(" ").append(help).append("\n# TYPE ").append(name).append(" counter\n");
+    out.append("# HELP ").append(name).append("_total ").append(help);
+    out.append("\n# TYPE ").append(name).append("_total counter\n");
     out.append(name).append("_total{").append(label).append("} ").append(fmt_double(v)).append("\n");
   };
   auto histogram = [&](const char* name, const char* help, const std::vector<double>& buckets,
@@ -485,8 +489,8 @@ std::string SimWorker::metrics_text() const {
   counter("vllm:prompt_tokens", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens_computed));
   counter("vllm:generation_tokens", "Number of generation tokens processed.", static_cast<double>(s.generation_tokens));
   counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", static_cast<double>(s.preemptions));
-  out.append("# HELP vllm:request_success Count of successfully processed requests.\n"
-             "# TYPE vllm:request_success counter\n");
+  out.append("# HELP vllm:request_success_total Count of successfully processed requests.\n"
+             "# TYPE vllm:request_success_total counter\n");
   out.append("vllm:request_success_total{").append(label).append(",finished_reason=\"length\"} ");
   out.append(std::to_string(requests_success_)).append("\n");
   counter("kvroute_sim:requests_rejected", "Requests the engine refused (e.g. larger than the KV pool).",
