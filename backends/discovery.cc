@@ -78,6 +78,7 @@ void DnsDiscovery::apply(boost::system::error_code ec, const std::vector<std::st
     if (target_.kv_events_port > 0) ep->kv_events_endpoint = "tcp://" + host + ":" + std::to_string(target_.kv_events_port);
     if (target_.replay_port > 0) ep->kv_events_replay = "tcp://" + host + ":" + std::to_string(target_.replay_port);
     ep->model = target_.model;
+    ep->origin = Origin::kDiscovery;
     added.push_back(std::move(*ep));
   }
   for (auto& ep : added) {
@@ -92,7 +93,7 @@ void DnsDiscovery::apply(boost::system::error_code ec, const std::vector<std::st
       ++it;
       continue;
     }
-    if (auto w = registry_.find_by_url(*it)) registry_.remove(w->id());
+    if (auto w = registry_.find_by_url(*it)) registry_.remove(w->id(), Origin::kDiscovery);
     report_(false, "discover " + name + ": worker " + *it + " removed (no longer resolved)");
     it = ours_.erase(it);
   }
