@@ -1,6 +1,10 @@
 #include "backends/shared_state/shared_state.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <random>
@@ -60,9 +64,15 @@ struct SharedState::Conn {
 };
 
 SharedState::SharedState(Options options, Handler& handler)
-    : options_(std::move(options)), handler_(handler), replica_(random_replica_id()) {}
+    : options_(std::move(options)),
+      handler_(handler),
+      replica_(random_replica_id()),
+      wakeup_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
-SharedState::~SharedState() { stop(); }
+SharedState::~SharedState() {
+  stop();
+  if (wakeup_ >= 0) ::close(wakeup_);
+}
 
 bool SharedState::start(std::chrono::milliseconds warm) {
   thread_ = std::thread([this] { run(); });
@@ -79,12 +89,21 @@ void SharedState::stop() {
 }
 
 void SharedState::enqueue(Command c) {
-  std::lock_guard lock(mu_);
-  if (queue_.size() >= options_.queue_limit) {
-    queue_.pop_front();
-    dropped_.fetch_add(1, std::memory_order_relaxed);
+  bool was_empty = false;
+  {
+    std::lock_guard lock(mu_);
+    if (queue_.size() >= options_.queue_limit) {
+      queue_.pop_front();
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+    }
+    was_empty = queue_.empty();
+    queue_.push_back(std::move(c));
   }
-  queue_.push_back(std::move(c));
+  // One wakeup per batch: the thread takes the whole queue each time it wakes.
+  if (was_empty && wakeup_ >= 0) {
+    const std::uint64_t one = 1;
+    if (::write(wakeup_, &one, sizeof one) < 0) {}  // a full counter already wakes the thread
+  }
 }
 
 void SharedState::routed(std::string_view worker, std::uint64_t root, std::span<const hashing::BlockHash> hashes,
@@ -207,10 +226,38 @@ void SharedState::run() {
       ok = check_trimmed();
       next_trim = now + std::chrono::seconds(1);
     }
-    if (ok) ok = read_stream(5);
+    if (ok) ok = wait(std::max(Clock::duration::zero(), next_load - Clock::now()));
     if (!ok) went_down(conn_ ? conn_->error() : "connection lost");
   }
   conn_.reset();
+  reader_.reset();
+}
+
+bool SharedState::wait(Clock::duration timeout) {
+  // The reader connection has an XREAD BLOCK outstanding at all times: new records wake this thread at once,
+  // and so does the queue (wakeup_), so a record published here is sent within a round trip, not after the
+  // reader's block.
+  if (!reading_) {
+    reader_->append({"XREAD", "COUNT", "1000", "BLOCK", "100", "STREAMS", key("stream"), last_id_});
+    int done = 0;
+    while (!done) {
+      if (redisBufferWrite(reader_->c, &done) != REDIS_OK) return false;
+    }
+    reading_ = true;
+  }
+  pollfd fds[2] = {{reader_->c->fd, POLLIN, 0}, {wakeup_, POLLIN, 0}};
+  const int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) + 1;
+  if (::poll(fds, 2, std::min(ms, 100)) < 0) return errno == EINTR;
+  if (fds[1].revents & POLLIN) {
+    std::uint64_t n = 0;
+    if (::read(wakeup_, &n, sizeof n) < 0) {}  // only clears the counter
+  }
+  if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) return true;
+  reading_ = false;
+  ReplyPtr r = reader_->reply();
+  if (!r) return false;
+  apply_entries(r.get());
+  return true;
 }
 
 std::string SharedState::last_error_copy() const {
@@ -218,29 +265,36 @@ std::string SharedState::last_error_copy() const {
   return last_error_;
 }
 
-bool SharedState::connect() {
-  conn_ = std::make_unique<Conn>();
+std::unique_ptr<SharedState::Conn> SharedState::open() {
+  auto conn = std::make_unique<Conn>();
   const auto& u = options_.url;
-  conn_->c = redisConnectWithTimeout(u.host.c_str(), u.port, to_timeval(options_.io_timeout));
-  if (!conn_->c || conn_->c->err) {
-    set_error("cannot connect to " + u.display() + ": " + conn_->error());
-    conn_.reset();
-    return false;
+  conn->c = redisConnectWithTimeout(u.host.c_str(), u.port, to_timeval(options_.io_timeout));
+  if (!conn->c || conn->c->err) {
+    set_error("cannot connect to " + u.display() + ": " + conn->error());
+    return nullptr;
   }
-  redisSetTimeout(conn_->c, to_timeval(options_.io_timeout));
+  redisSetTimeout(conn->c, to_timeval(options_.io_timeout));
   auto check = [&](ReplyPtr r, const char* what) {
-    if (!r) return set_error(std::string(what) + ": " + conn_->error()), false;
-    if (r->type == REDIS_REPLY_ERROR) return set_error(std::string(what) + ": " + std::string(str(r.get()).empty() ? r->str : str(r.get()))), false;
+    if (!r) return set_error(std::string(what) + ": " + conn->error()), false;
+    if (r->type == REDIS_REPLY_ERROR) return set_error(std::string(what) + ": " + std::string(r->str, r->len)), false;
     return true;
   };
   if (!u.password.empty()) {
     std::vector<std::string> auth{"AUTH"};
     if (!u.user.empty()) auth.push_back(u.user);
     auth.push_back(u.password);
-    if (!check(conn_->command(auth), "AUTH")) return conn_.reset(), false;
+    if (!check(conn->command(auth), "AUTH")) return nullptr;
   }
-  if (u.db != 0 && !check(conn_->command({"SELECT", std::to_string(u.db)}), "SELECT")) return conn_.reset(), false;
-  return true;
+  if (u.db != 0 && !check(conn->command({"SELECT", std::to_string(u.db)}), "SELECT")) return nullptr;
+  return conn;
+}
+
+bool SharedState::connect() {
+  conn_ = open();
+  reader_ = conn_ ? open() : nullptr;
+  reading_ = false;
+  if (!reader_) conn_.reset();
+  return conn_ != nullptr;
 }
 
 void SharedState::set_error(std::string e) {
@@ -255,7 +309,7 @@ bool SharedState::resync() {
   // Catch up: the records since the last position (all of the stream for a new replica).
   for (int guard = 0; guard < 10'000 && !stopping_.load(); ++guard) {
     std::size_t got = 0;
-    if (!read_stream(-1, &got)) return false;
+    if (!catch_up(&got)) return false;
     if (got == 0) break;
   }
   AdminState admin;
@@ -299,6 +353,8 @@ void SharedState::went_down(const std::string& why) {
     set_error(why);
     conn_.reset();
   }
+  reader_.reset();
+  reading_ = false;
   up_.store(false);
   if (was_up_ || !told_down_) {
     handler_.apply_remote_load({});  // the others' load is not known any more
@@ -425,21 +481,25 @@ bool SharedState::check_trimmed() {
   return true;
 }
 
-bool SharedState::read_stream(int block_ms, std::size_t* got) {
-  std::vector<std::string> args{"XREAD", "COUNT", block_ms < 0 ? "5000" : "1000"};
-  if (block_ms >= 0) args.insert(args.end(), {"BLOCK", std::to_string(block_ms)});
-  args.insert(args.end(), {"STREAMS", key("stream"), last_id_});
-  ReplyPtr r = conn_->command(args);
+bool SharedState::catch_up(std::size_t* got) {
+  ReplyPtr r = conn_->command({"XREAD", "COUNT", "5000", "STREAMS", key("stream"), last_id_});
   if (!r) return false;
-  if (got) *got = 0;
-  if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) return true;  // nil: nothing new
+  *got = apply_entries(r.get());
+  return true;
+}
+
+std::size_t SharedState::apply_entries(const redisReply* r) {
+  // XREAD's reply: nil (nothing new), or [[stream, [[id, [field, value, ...]], ...]]].
+  if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) return 0;
   const redisReply* entries = r->element[0]->elements == 2 ? r->element[0]->element[1] : nullptr;
-  if (!entries || entries->type != REDIS_REPLY_ARRAY) return true;
+  if (!entries || entries->type != REDIS_REPLY_ARRAY) return 0;
   std::vector<std::pair<std::string_view, std::string_view>> fields;
   for (std::size_t i = 0; i < entries->elements; ++i) {
     const redisReply* e = entries->element[i];
     if (e->type != REDIS_REPLY_ARRAY || e->elements != 2) continue;
-    last_id_ = std::string(str(e->element[0]));
+    const auto id = str(e->element[0]);
+    if (wire::compare_ids(id, last_id_) <= 0) continue;  // read twice (the reader's and a catch-up's)
+    last_id_ = std::string(id);
     const redisReply* kv = e->element[1];
     fields.clear();
     for (std::size_t j = 0; kv->type == REDIS_REPLY_ARRAY && j + 1 < kv->elements; j += 2) {
@@ -447,8 +507,7 @@ bool SharedState::read_stream(int block_ms, std::size_t* got) {
     }
     apply_record(fields);
   }
-  if (got) *got = entries->elements;
-  return true;
+  return entries->elements;
 }
 
 void SharedState::apply_record(std::span<const std::pair<std::string_view, std::string_view>> fields) {

@@ -13,9 +13,12 @@
 //    replica applies when it starts, so they survive restarts (P:admin:epoch marks that Redis holds them).
 //    P:rates: learned worker rates.
 //
-// Threading. One dedicated thread owns a synchronous hiredis connection; the request path only appends to a
-// bounded queue under a short lock (drop-oldest, counted) and never waits for Redis. The thread sends the
-// queue as one pipeline, then reads the stream with XREAD BLOCK (a few milliseconds) on the same connection.
+// Threading. One dedicated thread owns two synchronous hiredis connections; the request path only appends to
+// a bounded queue under a short lock (drop-oldest, counted; the first record of a batch also writes an eventfd)
+// and never waits for Redis. The thread keeps an XREAD BLOCK outstanding on one connection and poll()s it with
+// the eventfd: new records of the others are applied as they come, and the queue is sent as one pipeline on
+// the other connection as soon as something is in it (a record reaches the other replicas within a few round
+// trips, well under a millisecond on a LAN).
 // A thread of its own rather than hiredis's async API on the Asio loops: the daemon's I/O threads are share-
 // nothing (router/app.h), so an async connection would live on one of them and every other thread would post
 // to it anyway; a blocking XREAD needs no timer plumbing; and a slow or unreachable Redis (socket timeouts,
@@ -48,6 +51,8 @@
 #include "hashing/block_chain.h"
 #include "policy/rate_learner.h"
 #include "util/result.h"
+
+struct redisReply;  // hiredis
 
 namespace kvroute::shared_state {
 
@@ -180,8 +185,13 @@ class SharedState {
   bool exchange_load();
   bool exchange_rates();
   bool check_trimmed();
-  // XREAD from last_id_: BLOCK block_ms, or without blocking (catching up) when negative.
-  bool read_stream(int block_ms, std::size_t* got = nullptr);
+  struct Conn;
+  std::unique_ptr<Conn> open();  // a connection, authenticated and on its DB; null (last_error_ set) on failure
+  // Waits up to `timeout` for new records (applied) or for commands to send; false when Redis failed.
+  bool wait(std::chrono::steady_clock::duration timeout);
+  // Reads the records after last_id_ without blocking, 5,000 at most; *got says how many came.
+  bool catch_up(std::size_t* got);
+  std::size_t apply_entries(const ::redisReply* r);
   void apply_record(std::span<const std::pair<std::string_view, std::string_view>> fields);
   void went_down(const std::string& why);
   void set_error(std::string e);
@@ -203,9 +213,11 @@ class SharedState {
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 
-  // Owned by the thread.
-  struct Conn;
-  std::unique_ptr<Conn> conn_;
+  const int wakeup_;  // eventfd: the queue went from empty to not empty
+
+  // Owned by the thread: one connection for commands, one for the reader's XREAD BLOCK.
+  std::unique_ptr<Conn> conn_, reader_;
+  bool reading_ = false;  // an XREAD is outstanding on reader_
   std::string last_id_ = "0-0";
   bool load_published_ = false;  // this replica's load key holds a non-empty load
   bool was_up_ = false, told_down_ = false;
