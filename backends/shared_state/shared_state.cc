@@ -158,21 +158,16 @@ void SharedState::admin(const AdminChange& change) {
   }
 }
 
-void SharedState::lookup_session(std::uint64_t session) {
-  if (!up()) return;
-  Command c;
-  c.key = wire::hex64(session);
-  c.args = {"GET", key("session:" + c.key)};
-  c.reply = Command::Reply::kSession;
-  enqueue(std::move(c));
-}
+void SharedState::lookup_session(std::uint64_t session) { lookup(Command::Reply::kSession, "session:", wire::hex64(session)); }
 
-void SharedState::lookup_response(std::string_view id) {
-  if (!up()) return;
+void SharedState::lookup_response(std::string_view id) { lookup(Command::Reply::kResponse, "response:", std::string(id)); }
+
+void SharedState::lookup(Command::Reply reply, std::string_view space, std::string what) {
+  if (!up()) return;  // nothing to ask; the request goes on as a miss either way
   Command c;
-  c.key = std::string(id);
-  c.args = {"GET", key("response:" + c.key)};
-  c.reply = Command::Reply::kResponse;
+  c.args = {"GET", key(std::string(space) + what)};
+  c.key = std::move(what);
+  c.reply = reply;
   enqueue(std::move(c));
 }
 

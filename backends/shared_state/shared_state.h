@@ -178,6 +178,7 @@ class SharedState {
     std::string key;  // what a lookup asked for
   };
   void enqueue(Command c);
+  void lookup(Command::Reply reply, std::string_view space, std::string what);
   void run();
   bool connect();
   bool resync();

@@ -284,6 +284,8 @@ TEST(ReplicasE2E, ApproximateHitRateMatchesOneReplica) {
 TEST(ReplicasE2E, ConversationAlternatingReplicasStaysOnOneWorker) {
   if (!redis_available()) GTEST_SKIP() << "redis-server is not installed";
   Redis redis;
+  // KVROUTE_TEST_NO_SHARING=1 runs the same replicas without Redis: then every turn after the first goes cold
+  // on another worker (the test's own check that it depends on what the replicas share).
   const char* no_sharing = std::getenv("KVROUTE_TEST_NO_SHARING");
   Replicas fleet(3, no_sharing && *no_sharing ? nullptr : &redis, kTenantBlocks);
   // Other tenants' traffic meanwhile, so that each replica's own view of the workers' load differs.
