@@ -16,6 +16,7 @@ Result<WorkerEndpoint> discovered_endpoint(const std::string& address, const std
   if (kv_events_port > 0) ep->kv_events_endpoint = "tcp://" + host + ":" + std::to_string(kv_events_port);
   if (replay_port > 0) ep->kv_events_replay = "tcp://" + host + ":" + std::to_string(replay_port);
   ep->model = model;
+  ep->origin = Origin::kDiscovery;
   return ep;
 }
 
@@ -100,7 +101,7 @@ void DnsDiscovery::apply(boost::system::error_code ec, const std::vector<std::st
       ++it;
       continue;
     }
-    if (auto w = registry_.find_by_url(*it)) registry_.remove(w->id());
+    if (auto w = registry_.find_by_url(*it)) registry_.remove(w->id(), Origin::kDiscovery);
     report_(false, "discover " + name + ": worker " + *it + " removed (no longer resolved)");
     it = ours_.erase(it);
   }

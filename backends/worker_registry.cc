@@ -85,6 +85,11 @@ void Worker::end(std::uint64_t ticket, bool had_first_token, std::uint64_t uncac
   }
 }
 
+void Worker::set_cordoned(bool c, Origin by) {
+  if (cordoned_.exchange(c, std::memory_order_relaxed) == c) return;
+  if (cordon_hook_) cordon_hook_(*this, c, by);
+}
+
 void Worker::set_telemetry(const WorkerTelemetry& t) {
   std::lock_guard lock(mu_);
   telemetry_ = t;
@@ -149,6 +154,9 @@ Result<WorkerId> WorkerRegistry::add(WorkerEndpoint endpoint) {
     while (id < used.size() && used[id]) ++id;
     if (id == 0xffff) return make_error("too many workers (at most 65535)");
     added = std::make_shared<Worker>(id, std::move(endpoint), next_serial_++);
+    // The registry outlives the workers' cordon changes: only the admin API and the shared state make them,
+    // and both are torn down before it.
+    added->cordon_hook_ = [this](const Worker& w, bool c, Origin by) { notify_cordon(w, c, by); };
     auto next = std::make_shared<WorkerList>(*workers_);
     next->push_back(added);
     workers_ = std::move(next);
@@ -160,7 +168,18 @@ Result<WorkerId> WorkerRegistry::add(WorkerEndpoint endpoint) {
   return added->id();
 }
 
-bool WorkerRegistry::remove(WorkerId id) {
+void WorkerRegistry::notify_cordon(const Worker& w, bool cordoned, Origin by) {
+  std::vector<Listener> listeners;
+  {
+    std::lock_guard lock(mu_);
+    listeners = listeners_;
+  }
+  for (const auto& l : listeners) {
+    if (l.cordon_changed) l.cordon_changed(w, cordoned, by);
+  }
+}
+
+bool WorkerRegistry::remove(WorkerId id, Origin by) {
   std::shared_ptr<Worker> removed;
   std::vector<Listener> listeners;
   {
@@ -169,7 +188,7 @@ bool WorkerRegistry::remove(WorkerId id) {
     auto it = std::find_if(next->begin(), next->end(), [id](const auto& w) { return w->id() == id; });
     if (it == next->end()) return false;
     removed = *it;
-    removed->set_removed();
+    removed->set_removed(by);
     next->erase(it);
     workers_ = std::move(next);
     listeners = listeners_;

@@ -32,6 +32,16 @@ namespace kvroute::backends {
 
 using hashing::WorkerId;
 
+// Who added, removed or cordoned a worker. Router replicas share what an operator did (the admin API) and
+// nothing else: each replica reads its own configuration and DNS, and what came from another replica is not
+// sent back (backends/shared_state/shared_state.h).
+enum class Origin : std::uint8_t {
+  kOperator,   // the admin API (the default: an endpoint parsed from a URL the operator gave at run time)
+  kConfig,     // --worker / the config file
+  kDiscovery,  // --discover
+  kShared,     // another router replica, through the shared state
+};
+
 struct WorkerEndpoint {
   std::string url;   // as configured, e.g. http://127.0.0.1:8001
   std::string host;
@@ -41,6 +51,7 @@ struct WorkerEndpoint {
   std::string kv_events_replay;    // optional ZMQ endpoint of its replay socket
   std::string model;               // namespace of its KV events; empty: learned from its /v1/models
   std::uint32_t dp_size = 1;       // data-parallel ranks publishing events (port + rank)
+  Origin origin = Origin::kOperator;  // who added it
 };
 
 // Parses http://HOST:PORT[/] (IPv6 as [::1]); errors explain what is wrong with the URL.
@@ -70,7 +81,12 @@ class Worker {
   // longer updates state keyed by id (the index, learned rates, per-worker metrics): the id's next worker may
   // own it by then.
   bool removed() const { return removed_.load(std::memory_order_relaxed); }
-  void set_removed() { removed_.store(true, std::memory_order_relaxed); }
+  void set_removed(Origin by = Origin::kOperator) {
+    removed_by_ = by;
+    removed_.store(true, std::memory_order_release);
+  }
+  // Who removed it (read once removed() is true).
+  Origin removed_by() const { return removed_by_; }
   const WorkerEndpoint& endpoint() const { return endpoint_; }
   const std::string& name() const { return endpoint_.name; }
 
@@ -83,7 +99,8 @@ class Worker {
   // requests in flight finish, continuations of the responses it stores still reach it, and what the router
   // learned about it (index, rates, sessions elsewhere) is kept. Independent of health.
   bool cordoned() const { return cordoned_.load(std::memory_order_relaxed); }
-  void set_cordoned(bool c) { cordoned_.store(c, std::memory_order_relaxed); }
+  // A change is told to the registry's listeners (Listener::cordon_changed) with who made it.
+  void set_cordoned(bool c, Origin by = Origin::kOperator);
   // Healthy and not cordoned: it may be given a new request.
   bool routable() const { return healthy() && !cordoned(); }
 
@@ -124,10 +141,14 @@ class Worker {
   void leave_prefill_queue(std::uint64_t ticket, bool first_token);
   void publish_prefill_queue();  // with prefill_mu_ held
 
+  friend class WorkerRegistry;
   const WorkerId id_;
   const std::uint64_t serial_;
   const WorkerEndpoint endpoint_;
+  // Set by the registry before the worker is published; tells its listeners of cordon changes.
+  std::function<void(const Worker&, bool, Origin)> cordon_hook_;
   std::atomic<bool> removed_{false};
+  Origin removed_by_ = Origin::kOperator;  // written before removed_ is set (release), read after
   std::atomic<bool> healthy_{true};
   std::atomic<bool> precise_{false};
   std::atomic<bool> cordoned_{false};
@@ -155,12 +176,13 @@ class WorkerRegistry {
  public:
   struct Listener {
     std::function<void(const Worker&)> added;
-    std::function<void(const Worker&)> removed;
+    std::function<void(const Worker&)> removed;  // Worker::removed_by() says who removed it
+    std::function<void(const Worker&, bool cordoned, Origin by)> cordon_changed;  // optional
   };
 
   // Adds a worker (a URL already present is an error) and returns its id. Ids are dense and reused.
   Result<WorkerId> add(WorkerEndpoint endpoint);
-  bool remove(WorkerId id);
+  bool remove(WorkerId id, Origin by = Origin::kOperator);
   void subscribe(Listener l);
 
   // The current list. Keep the pointer while walking it: `for (auto& w : *reg.snapshot())` drops it before the
@@ -175,6 +197,7 @@ class WorkerRegistry {
   static void fill_views(const WorkerList& workers, std::vector<policy::WorkerView>& out);
 
  private:
+  void notify_cordon(const Worker& w, bool cordoned, Origin by);
   mutable std::mutex mu_;
   std::shared_ptr<const WorkerList> workers_ = std::make_shared<WorkerList>();  // guarded by mu_
   std::uint64_t next_serial_ = 1;                                             // guarded by mu_

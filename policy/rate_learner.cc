@@ -74,6 +74,18 @@ void RateLearner::apply(WorkerView& view) const {
       r.decode_correction * (r.decode_step_s + r.decode_step_per_token_s * static_cast<double>(view.active_decode_tokens));
 }
 
+bool RateLearner::seed(WorkerId worker, const WorkerRates& learned) {
+  std::lock_guard lock(mu_);
+  State& s = state(worker);
+  if (!s.known || s.now.prefill_samples > 0 || s.now.decode_samples > 0) return false;
+  const std::uint64_t prefill = learned.prefill_samples, decode = learned.decode_samples;
+  s.now = learned;
+  // What was learned elsewhere guides the first decisions; the counts stay this replica's own, so that the
+  // next sample here starts the EMA from the seeded value and later seeds no longer apply.
+  s.now.prefill_samples = s.now.decode_samples = 0;
+  return prefill > 0 || decode > 0;
+}
+
 void RateLearner::forget(WorkerId worker) {
   std::lock_guard lock(mu_);
   if (worker < workers_.size()) workers_[worker] = State{};

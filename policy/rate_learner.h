@@ -94,6 +94,9 @@ class RateLearner {
   WorkerRates rates(WorkerId worker) const;
   // Copies the learned rates into a WorkerView (view.id selects the worker).
   void apply(WorkerView& view) const;
+  // Rates learned elsewhere (another router replica): taken as this worker's current rates while nothing was
+  // learned here yet; false when samples of its own were already taken (they win).
+  bool seed(WorkerId worker, const WorkerRates& learned);
   // Forget a removed worker (its next prior starts fresh).
   void forget(WorkerId worker);
 

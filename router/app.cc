@@ -51,7 +51,8 @@ Result<bool> App::start() {
                            subscribers_.erase(it);
                          }
                          sub.reset();  // joins its thread outside the lock
-                       }});
+                       },
+                       {}});
   for (const auto& io : contexts_) {
     pools_.push_back(std::make_unique<backends::UpstreamPool>(
         io->get_executor(), backends::UpstreamPool::Options{ms(config_.connect_timeout_s), 64, std::chrono::seconds(30)}));
@@ -63,8 +64,15 @@ Result<bool> App::start() {
     ep->kv_events_replay = w.kv_events_replay;
     ep->model = w.model;
     ep->dp_size = w.dp_size;
+    ep->origin = backends::Origin::kConfig;
     auto id = registry_.add(*ep);
     if (!id) return id.error();
+  }
+  // Router replicas: warm (the others' recent predictions, sessions, admin state) before the API listens, so
+  // /ready is not answered before then.
+  if (!config_.shared_state.empty()) {
+    sync_ = std::make_unique<ReplicaSync>(config_, registry_, *router_, metrics_);
+    if (auto ok = sync_->start(); !ok) return ok.error();
   }
   tokenize_cache_ = std::make_unique<TokenizeCache>(config_.tokenize_cache_entries);
   auto bodies = std::make_shared<BodyBudget>(config_.max_held_body_bytes);
@@ -335,6 +343,7 @@ void App::stop() {
     stopping_ = true;
   }
   for (auto& [id, sub] : subscribers_) sub->stop();
+  if (sync_) sync_->stop();
   if (health_) health_->stop();
   for (auto& d : discovery_) d->stop();
   for (auto& d : k8s_discovery_) d->stop();

@@ -29,6 +29,7 @@
 #include "router/config.h"
 #include "router/listener.h"
 #include "router/metrics.h"
+#include "router/replica_sync.h"
 #include "router/router.h"
 #include "router/services.h"
 
@@ -86,6 +87,7 @@ class App {
   std::mutex events_mu_;
   std::map<hashing::WorkerId, std::unique_ptr<events::KvEventSubscriber>> subscribers_;  // guarded by events_mu_
   bool stopping_ = false;                                                               // guarded by events_mu_
+  std::unique_ptr<ReplicaSync> sync_;  // --shared-state: the other router replicas
 };
 
 }  // namespace kvroute::router

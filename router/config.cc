@@ -8,6 +8,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "backends/shared_state/shared_state.h"
 #include "backends/worker_registry.h"
 #include "policy/routing_policy.h"
 #include "util/split.h"
@@ -304,6 +305,23 @@ const std::vector<Option>& options() {
        "duplicated from another worker (default 1)", DOUBLE_OPT(kv_cost_alpha, 0, 1e6)},
       {"kv-cost-beta", "X", "kv_cost weight of the request's decode time on the worker's batch (default 0.5)",
        DOUBLE_OPT(kv_cost_beta, 0, 1e6)},
+      {"shared-state", "redis://[:PASSWORD@]HOST:PORT[/DB]",
+       "share routing state with the other router replicas through this Redis: predicted prefixes, load, "
+       "sessions, response ids, cordons and admin-added workers, learned rates (default: none, a replica alone; "
+       "the password may also come from $KVROUTE_SHARED_STATE_PASSWORD)",
+       [](Config& c, const std::string& v) -> std::optional<std::string> {
+         if (auto url = shared_state::parse_redis_url(v); !url) return url.error().message;
+         c.shared_state = v;
+         return std::nullopt;
+       }},
+      {"shared-state-prefix", "P", "prefix of every key in --shared-state, one deployment's apart from another's (default kvroute)",
+       [](Config& c, const std::string& v) -> std::optional<std::string> {
+         if (v.empty() || v.find_first_of(" \t\n") != std::string::npos) return "'" + v + "' must be a non-empty word";
+         c.shared_state_prefix = v;
+         return std::nullopt;
+       }},
+      {"shared-state-interval", "SECONDS", "how often a replica publishes its load per worker (default 0.025)",
+       DOUBLE_OPT(shared_state_interval_s, 0.001, 10)},
       {"log-level", "LEVEL", "error, warn, info or debug (default info)",
        [](Config& c, const std::string& v) -> std::optional<std::string> {
          if (v != "error" && v != "warn" && v != "info" && v != "debug") return "'" + v + "' is not error, warn, info or debug";

@@ -120,6 +120,13 @@ struct Config {
   double kv_cost_alpha = 1.0;
   double kv_cost_beta = 0.5;
 
+  // Router replicas (router/replica_sync.h): Redis URL, or empty for a replica alone.
+  std::string shared_state;
+  std::string shared_state_prefix = "kvroute";
+  // Load published every this often (the others price workers by it: tens of milliseconds, architecture
+  // section 11), expiring after 40 intervals (at least 1 s) without a refresh.
+  double shared_state_interval_s = 0.025;
+
   std::string log_level = "info";
 };
 

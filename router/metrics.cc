@@ -154,6 +154,12 @@ RouterMetrics::RouterMetrics()
   shared_capacity_ = gauge(*registry_, "kvroute_shared_cache_capacity_blocks", "KV capacity of the healthy workers, in blocks: the size of the shared caches (one per pool of workers serving the same models) the fleet is measured against");
   shared_sample_rate_ = gauge(*registry_, "kvroute_shared_cache_sample_rate", "Share of blocks the sparsest shared cache keeps (1 = exact; less on pools too large to model exactly)");
   background_held_ = gauge(*registry_, "kvroute_background_responses_held", "Background responses (Responses API) queued on a worker and counted as its load until they end");
+  shared_up_ = gauge(*registry_, "kvroute_shared_state_up", "1 while the shared state (--shared-state) is reachable and in step; 0 while this replica routes alone");
+  shared_replicas_ = gauge(*registry_, "kvroute_shared_state_replicas", "Other router replicas whose load is in the shared state");
+  shared_published_ = counter(*registry_, "kvroute_shared_state_commands_total", "Commands this replica sent to the shared state (records, load, bindings, lookups)");
+  shared_dropped_ = counter(*registry_, "kvroute_shared_state_dropped_total", "Records not sent to the shared state: its queue was full (the oldest go) or the connection broke");
+  shared_applied_ = counter(*registry_, "kvroute_shared_state_applied_total", "Records of other replicas applied here (routed prefixes, response owners, admin changes)");
+  shared_resyncs_ = counter(*registry_, "kvroute_shared_state_resyncs_total", "Times this replica read the shared state back: at start, after Redis came back, after falling behind the stream");
   prefix_holds_ = counter(*registry_, "kvroute_prefix_holds_total", "Requests held until the prefix an earlier request was computing on their worker landed, so as not to compute it again (--prefix-hold)");
   prefix_hold_seconds_ = counter(*registry_, "kvroute_prefix_hold_seconds_total", "Seconds requests spent held for a prefix being computed (--prefix-hold)");
   auto& lookups = prometheus::BuildCounter()
@@ -354,6 +360,19 @@ void RouterMetrics::update_process() const {
   process_open_fds_->Set(p.open_fds);
   process_max_fds_->Set(p.max_fds);
   process_threads_->Set(p.threads);
+}
+
+void RouterMetrics::shared_state(bool up, std::size_t replicas, std::uint64_t published, std::uint64_t dropped,
+                                 std::uint64_t applied, std::uint64_t resyncs) {
+  shared_up_->Set(up ? 1 : 0);
+  shared_replicas_->Set(static_cast<double>(replicas));
+  auto follow = [](prometheus::Counter* c, std::uint64_t total) {
+    if (const double now = static_cast<double>(total); now > c->Value()) c->Increment(now - c->Value());
+  };
+  follow(shared_published_, published);
+  follow(shared_dropped_, dropped);
+  follow(shared_applied_, applied);
+  follow(shared_resyncs_, resyncs);
 }
 
 std::string RouterMetrics::serialize() const {

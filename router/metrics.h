@@ -174,6 +174,10 @@ class RouterMetrics {
   // A Responses API id whose worker this router did not know, looked up on the workers: found, not_found,
   // or skipped (too many lookups under way).
   void response_lookup(std::string_view result);
+  // Router replicas (router/replica_sync.h): whether Redis is reachable, the other replicas publishing load,
+  // and the shared state's running totals (counters follow them).
+  void shared_state(bool up, std::size_t replicas, std::uint64_t published, std::uint64_t dropped,
+                    std::uint64_t applied, std::uint64_t resyncs);
 
   std::string serialize() const;
 
@@ -245,6 +249,12 @@ class RouterMetrics {
   prometheus::Gauge* process_max_fds_;
   prometheus::Gauge* process_threads_;
   std::function<void()> collect_hook_;
+  prometheus::Gauge* shared_up_;
+  prometheus::Gauge* shared_replicas_;
+  prometheus::Counter* shared_published_;
+  prometheus::Counter* shared_dropped_;
+  prometheus::Counter* shared_applied_;
+  prometheus::Counter* shared_resyncs_;
 
   mutable std::mutex mu_;
   std::unordered_map<hashing::WorkerId, std::shared_ptr<WorkerSeries>> workers_;  // guarded by mu_

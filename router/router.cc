@@ -4,6 +4,10 @@
 #include <cmath>
 #include <utility>
 
+#include <xxhash.h>
+
+#include "backends/shared_state/wire.h"
+
 namespace kvroute::router {
 namespace {
 
@@ -71,6 +75,7 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
         std::lock_guard lock(responses_mu_);
         response_owners_.erase_if([&](hashing::WorkerId owner) { return owner == w.id(); });
       },
+      {},
   });
 }
 
@@ -82,6 +87,8 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   thread_local hashing::PrefixIndex::Match match;
   thread_local std::vector<std::uint64_t> reused, capacity;
   backends::WorkerRegistry::fill_views(*workers, views);
+  shared_state::SharedState* const shared = shared_.load(std::memory_order_acquire);
+  if (shared) add_remote_load(views);
   if (!request.model.empty()) keep_serving(*workers, request.model, views);
   // A continued response goes to the worker that stores the one it continues, the only one that can serve it.
   // When that worker is gone or unhealthy the request is routed as any other, and the worker's answer (no
@@ -136,11 +143,17 @@ Result<Decision> Router::route(const RoutableRequest& request) {
     match_prefix(request, match);
     ctx.match = &match;
   }
+  std::uint64_t session = 0;
+  std::string session_id;
   if (!request.session_key.empty()) {
-    if (auto bound = session_worker(request.session_key)) {
+    session = session_hash(request.session_key);
+    session_id = shared_state::wire::hex64(session);
+    if (auto bound = bound_worker(session_id)) {
       for (std::size_t i = 0; i < views.size(); ++i) {
         if (views[i].id == *bound) ctx.preferred = i;
       }
+    } else if (shared) {
+      shared->lookup_session(session);  // another replica may have bound it: known for the next turn
     }
   }
 
@@ -205,7 +218,14 @@ Result<Decision> Router::route(const RoutableRequest& request) {
     index_.expect(d.worker->id(), request.chain.hashes);
     d.expected = request.chain.hashes;
   }
-  if (!request.session_key.empty()) bind_session(request.session_key, d.worker->id());
+  if (!session_id.empty()) bind_session(session_id, d.worker->id());
+  // The other replicas apply what this one predicted (approximate mode) and the session it bound. In precise
+  // mode every replica reads the worker's own events, so only the binding is worth sending.
+  if (shared && (!d.worker->precise() || session != 0)) {
+    shared->routed(d.worker->endpoint().url, request.chain.root,
+                    d.worker->precise() ? std::span<const hashing::BlockHash>() : std::span(request.chain.hashes),
+                    session);
+  }
   metrics_.routed(std::string(policy::reason_name(d.pick.reason)));
   if (auto s = metrics_.worker(d.worker->id())) {
     s->requests->Increment();
@@ -309,15 +329,58 @@ void Router::match_prefix(const RoutableRequest& request, hashing::PrefixIndex::
 }
 
 void Router::remember_response(std::string id, hashing::WorkerId worker) {
+  if (auto* shared = shared_.load(std::memory_order_acquire)) {
+    if (auto w = registry_.find(worker)) shared->response_owner(id, w->endpoint().url);
+  }
+  adopt_response(id, worker);
+}
+
+void Router::adopt_response(const std::string& id, hashing::WorkerId worker) {
   std::lock_guard lock(responses_mu_);
   response_owners_.put(id, worker);
 }
 
 std::optional<hashing::WorkerId> Router::response_owner(const std::string& id) const {
-  std::lock_guard lock(responses_mu_);
-  const hashing::WorkerId* owner = response_owners_.find(id);
-  if (!owner) return std::nullopt;
-  return *owner;
+  {
+    std::lock_guard lock(responses_mu_);
+    if (const hashing::WorkerId* owner = response_owners_.find(id)) return *owner;
+  }
+  if (auto* shared = shared_.load(std::memory_order_acquire)) shared->lookup_response(id);  // the answer comes later, through adopt_response()
+  return std::nullopt;
+}
+
+std::uint64_t Router::session_hash(std::string_view key) {
+  // A fixed seed: every replica must map a key to the same hash (docs/operations.md, "Router replicas").
+  return XXH3_64bits_withSeed(key.data(), key.size(), 0x6b76726f75746573ull);
+}
+
+void Router::adopt_session(std::uint64_t key_hash, hashing::WorkerId worker) {
+  bind_session(shared_state::wire::hex64(key_hash), worker);
+}
+
+void Router::set_remote_load(std::vector<RemoteLoad> by_worker) {
+  auto next = by_worker.empty() ? nullptr : std::make_shared<const std::vector<RemoteLoad>>(std::move(by_worker));
+  std::lock_guard lock(remote_mu_);
+  remote_load_ = std::move(next);
+}
+
+void Router::add_remote_load(std::vector<policy::WorkerView>& views) const {
+  std::shared_ptr<const std::vector<RemoteLoad>> remote;
+  {
+    std::lock_guard lock(remote_mu_);
+    remote = remote_load_;
+  }
+  if (!remote) return;
+  // Every replica's requests load the same workers: a worker is priced by the sum (architecture section 11).
+  for (auto& v : views) {
+    if (v.id >= remote->size()) continue;
+    const RemoteLoad& r = (*remote)[v.id];
+    v.in_flight += r.in_flight;
+    v.pending_prefill_tokens += r.pending_prefill_tokens;
+    v.active_decode_tokens += r.active_decode_tokens;
+    v.pending_prefill_s += r.pending_prefill_s;
+    v.oldest_prefill_s = std::max(v.oldest_prefill_s, r.oldest_prefill_s);
+  }
 }
 
 std::shared_ptr<backends::Worker> Router::any_healthy(std::string_view model) const {
@@ -487,14 +550,14 @@ void Router::release(const HeldBackground& h) {
   if (auto s = metrics_.worker(h.worker->id())) s->in_flight->Set(h.worker->in_flight());
 }
 
-void Router::bind_session(const std::string& key, hashing::WorkerId worker) {
+void Router::bind_session(const std::string& hashed_key, hashing::WorkerId worker) {
   const auto now = std::chrono::steady_clock::now();
   const auto ttl = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(config_.session_ttl_s));
   std::size_t evicted = 0;
   {
     std::lock_guard lock(sessions_mu_);
-    evicted = sessions_.put(key, Binding{worker, now});
+    evicted = sessions_.put(hashed_key, Binding{worker, now});
     // Bindings are ordered by last use, so the expired ones are all at the old end.
     sessions_.drop_oldest_while([&](const Binding& b) { return now - b.last_used > ttl; });
   }
@@ -502,11 +565,15 @@ void Router::bind_session(const std::string& key, hashing::WorkerId worker) {
 }
 
 std::optional<hashing::WorkerId> Router::session_worker(const std::string& key) const {
+  return bound_worker(shared_state::wire::hex64(session_hash(key)));
+}
+
+std::optional<hashing::WorkerId> Router::bound_worker(const std::string& hashed_key) const {
   const auto now = std::chrono::steady_clock::now();
   const auto ttl = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(config_.session_ttl_s));
   std::lock_guard lock(sessions_mu_);
-  const Binding* b = sessions_.find(key);
+  const Binding* b = sessions_.find(hashed_key);
   if (!b || now - b->last_used > ttl) return std::nullopt;
   return b->worker;
 }

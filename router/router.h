@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 
+#include "backends/shared_state/shared_state.h"
 #include "backends/worker_registry.h"
 #include "hashing/computing_prefixes.h"
 #include "hashing/prefix_index.h"
@@ -131,6 +132,30 @@ class Router {
   // The worker a session is bound to, if any (admin and tests).
   std::optional<hashing::WorkerId> session_worker(const std::string& key) const;
 
+  // Router replicas (architecture section 11, router/replica_sync.h). With a shared state set, route() sends
+  // what it routed and bound there, remember_response() the owner, and misses of sessions and response ids are
+  // asked for there; none of it waits. The apply side comes from the shared state's thread: the other
+  // replicas' bindings, owners and learned rates, and their load, which route() adds to each worker's own.
+  void set_shared_state(shared_state::SharedState* state) { shared_.store(state, std::memory_order_release); }
+  // The shared state's status (admin API); nullopt for a replica alone.
+  std::optional<shared_state::SharedState::Status> shared_state_status() const {
+    auto* s = shared_.load(std::memory_order_acquire);
+    if (!s) return std::nullopt;
+    return s->status();
+  }
+  // Sessions are kept by this hash of their key (the replicas share only the hash).
+  static std::uint64_t session_hash(std::string_view key);
+  void adopt_session(std::uint64_t key_hash, hashing::WorkerId worker);
+  void adopt_response(const std::string& id, hashing::WorkerId worker);
+  void seed_rates(hashing::WorkerId worker, const policy::WorkerRates& rates) { learner_.seed(worker, rates); }
+  // The other replicas' load, indexed by worker id (replaces the previous one; empty: none known).
+  struct RemoteLoad {
+    std::uint32_t in_flight = 0;
+    std::uint64_t pending_prefill_tokens = 0, active_decode_tokens = 0;
+    double pending_prefill_s = 0, oldest_prefill_s = 0;
+  };
+  void set_remote_load(std::vector<RemoteLoad> by_worker);
+
   // Background responses ("background": true, not streamed) are answered "queued" at once and run on their
   // worker afterwards. complete() keeps such a request's load (in flight, its context in decode) on the worker
   // until this router sees it end: a poll through it answered with a final status, a cancel or delete passed through it, or
@@ -163,7 +188,9 @@ class Router {
   // `blocks` leading blocks as the tokens an engine would serve.
   static std::uint32_t servable_blocks(const RoutableRequest& request);
   static std::uint64_t servable_tokens(const RoutableRequest& request, std::uint64_t blocks);
-  void bind_session(const std::string& key, hashing::WorkerId worker);
+  void bind_session(const std::string& hashed_key, hashing::WorkerId worker);
+  std::optional<hashing::WorkerId> bound_worker(const std::string& hashed_key) const;
+  void add_remote_load(std::vector<policy::WorkerView>& views) const;
   static constexpr std::size_t kMaxHeldBackground = 100'000;
   struct HeldBackground {
     std::shared_ptr<backends::Worker> worker;
@@ -193,6 +220,7 @@ class Router {
   std::atomic<std::uint64_t> sequence_{0};
 
   // At most --max-sessions bindings, the least recently used forgotten first; idle ones expire off the old end.
+  // Keyed by session_hash() in hex.
   mutable std::mutex sessions_mu_;
   util::RecencyMap<Binding> sessions_;  // guarded by sessions_mu_
 
@@ -201,6 +229,11 @@ class Router {
   mutable std::mutex background_mu_;
   util::RecencyMap<HeldBackground> background_{std::numeric_limits<std::size_t>::max()};  // guarded by background_mu_
   std::atomic<std::size_t> background_count_{0};  // background_.size(), read without the lock on the routing path
+
+  // Null: a replica alone. The shared state outlives every request that read it here (ReplicaSync::stop()).
+  std::atomic<shared_state::SharedState*> shared_{nullptr};
+  mutable std::mutex remote_mu_;
+  std::shared_ptr<const std::vector<RemoteLoad>> remote_load_;  // guarded by remote_mu_
 
   // The newest --response-ids ids (the least recently seen forgotten first).
   mutable std::mutex responses_mu_;

@@ -30,7 +30,8 @@ TEST(WorkerRegistry, AddRemoveNotifiesAndReusesIds) {
   WorkerRegistry reg;
   std::vector<std::string> events;
   reg.subscribe({[&](const Worker& w) { events.push_back("+" + w.name()); },
-                 [&](const Worker& w) { events.push_back("-" + w.name()); }});
+                 [&](const Worker& w) { events.push_back("-" + w.name()); },
+                 {}});
   auto a = reg.add(*parse_worker_url("http://a:1"));
   auto b = reg.add(*parse_worker_url("http://b:1"));
   ASSERT_TRUE(a && b);
@@ -44,6 +45,28 @@ TEST(WorkerRegistry, AddRemoveNotifiesAndReusesIds) {
   EXPECT_EQ(reg.snapshot()->size(), 1u);
   EXPECT_EQ(*reg.add(*parse_worker_url("http://c:1")), 0);  // the freed id is reused
   EXPECT_EQ(events, (std::vector<std::string>{"+a:1", "+b:1", "-a:1", "+c:1"}));
+}
+
+// Router replicas share the operator's changes and nothing else: listeners hear who made each one.
+TEST(WorkerRegistry, CordonsAndRemovalsSayWhoMadeThem) {
+  WorkerRegistry reg;
+  std::vector<std::string> events;
+  reg.subscribe({{},
+                 [&](const Worker& w) { events.push_back("-" + w.name() + (w.removed_by() == Origin::kOperator ? "" : "!")); },
+                 [&](const Worker& w, bool c, Origin by) {
+                   events.push_back((c ? "c" : "u") + w.name() + (by == Origin::kOperator ? "" : "!"));
+                 }});
+  auto a = reg.add(*parse_worker_url("http://a:1"));
+  auto b = reg.add(*parse_worker_url("http://b:1"));
+  ASSERT_TRUE(a && b);
+  auto wa = reg.find(*a);
+  wa->set_cordoned(true);
+  wa->set_cordoned(true);  // no change, nothing told
+  wa->set_cordoned(false, Origin::kShared);
+  reg.remove(*a);
+  reg.remove(*b, Origin::kDiscovery);
+  EXPECT_EQ(events, (std::vector<std::string>{"ca:1", "ua:1!", "-a:1", "-b:1!"}));
+  EXPECT_EQ(parse_worker_url("http://c:1")->origin, Origin::kOperator);
 }
 
 // The admin API names a worker by its display name or its id.

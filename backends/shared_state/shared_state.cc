@@ -1,0 +1,546 @@
+#include "backends/shared_state/shared_state.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <algorithm>
+#include <random>
+
+#include <hiredis/hiredis.h>
+
+#include "backends/shared_state/wire.h"
+
+namespace kvroute::shared_state {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ReplyPtr = std::unique_ptr<redisReply, void (*)(void*)>;
+
+std::string random_replica_id() {
+  std::random_device rd;
+  const std::uint64_t v = (std::uint64_t{rd()} << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
+  return wire::hex64(v).substr(0, 12);
+}
+
+std::string_view str(const redisReply* r) {
+  return r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) ? std::string_view(r->str, r->len)
+                                                                               : std::string_view();
+}
+
+timeval to_timeval(std::chrono::milliseconds ms) {
+  return timeval{static_cast<time_t>(ms.count() / 1000), static_cast<suseconds_t>((ms.count() % 1000) * 1000)};
+}
+
+}  // namespace
+
+struct SharedState::Conn {
+  redisContext* c = nullptr;
+  ~Conn() {
+    if (c) redisFree(c);
+  }
+  std::string error() const { return c && c->err ? std::string(c->errstr) : std::string("no connection"); }
+  // One command; null when the connection failed (the reply may still be a Redis error).
+  ReplyPtr command(const std::vector<std::string>& args) {
+    append(args);
+    return reply();
+  }
+  void append(const std::vector<std::string>& args) {
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (const auto& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data());
+  }
+  ReplyPtr reply() {
+    void* r = nullptr;
+    if (redisGetReply(c, &r) != REDIS_OK) return ReplyPtr(nullptr, freeReplyObject);
+    return ReplyPtr(static_cast<redisReply*>(r), freeReplyObject);
+  }
+};
+
+SharedState::SharedState(Options options, Handler& handler)
+    : options_(std::move(options)),
+      handler_(handler),
+      replica_(random_replica_id()),
+      wakeup_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+
+SharedState::~SharedState() {
+  stop();
+  if (wakeup_ >= 0) ::close(wakeup_);
+}
+
+bool SharedState::start(std::chrono::milliseconds warm) {
+  thread_ = std::thread([this] { run(); });
+  const auto until = Clock::now() + warm;
+  while (!warm_.load() && !told_down_attempted_.load() && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return warm_.load();
+}
+
+void SharedState::stop() {
+  stopping_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+void SharedState::enqueue(Command c) {
+  bool was_empty = false;
+  {
+    std::lock_guard lock(mu_);
+    if (queue_.size() >= options_.queue_limit) {
+      queue_.pop_front();
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+    }
+    was_empty = queue_.empty();
+    queue_.push_back(std::move(c));
+  }
+  // One wakeup per batch: the thread takes the whole queue each time it wakes.
+  if (was_empty && wakeup_ >= 0) {
+    const std::uint64_t one = 1;
+    if (::write(wakeup_, &one, sizeof one) < 0) {}  // a full counter already wakes the thread
+  }
+}
+
+void SharedState::routed(std::string_view worker, std::uint64_t root, std::span<const hashing::BlockHash> hashes,
+                         std::uint64_t session) {
+  Command c;
+  c.args = {"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen), "*", "r", replica_,
+            "k",    "R",           "w",      std::string(worker), "n", wire::hex64(root), "h", wire::pack_hashes(hashes)};
+  if (session != 0) {
+    c.args.insert(c.args.end(), {"s", wire::hex64(session)});
+    Command s;
+    s.args = {"SET", key("session:" + wire::hex64(session)), std::string(worker), "PX",
+              std::to_string(static_cast<long long>(options_.session_ttl_s * 1000))};
+    enqueue(std::move(c));
+    return enqueue(std::move(s));
+  }
+  enqueue(std::move(c));
+}
+
+void SharedState::response_owner(std::string_view id, std::string_view worker) {
+  Command c;
+  c.args = {"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen), "*", "r", replica_,
+            "k",    "O",           "i",      std::string(id), "w", std::string(worker)};
+  Command s;
+  s.args = {"SET", key("response:" + std::string(id)), std::string(worker), "PX",
+            std::to_string(static_cast<long long>(options_.response_ttl_s * 1000))};
+  enqueue(std::move(c));
+  enqueue(std::move(s));
+}
+
+void SharedState::admin(const AdminChange& change) {
+  static constexpr const char* kOps[] = {"cordon", "uncordon", "add", "remove"};
+  Command c;
+  c.args = {"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen), "*", "r", replica_, "k", "A",
+            "op",   kOps[static_cast<int>(change.kind)], "w", change.worker, "a", change.attrs};
+  enqueue(std::move(c));
+  // The state a restarted replica reads back.
+  auto state = [&](std::vector<std::string> args) {
+    Command s;
+    s.args = std::move(args);
+    enqueue(std::move(s));
+  };
+  switch (change.kind) {
+    case AdminChange::Kind::kCordon: return state({"HSET", key("admin:cordoned"), change.worker, "1"});
+    case AdminChange::Kind::kUncordon: return state({"HDEL", key("admin:cordoned"), change.worker});
+    case AdminChange::Kind::kAdd:
+      state({"HDEL", key("admin:removed"), change.worker});
+      return state({"HSET", key("admin:added"), change.worker, change.attrs});
+    case AdminChange::Kind::kRemove:
+      state({"HDEL", key("admin:added"), change.worker});
+      state({"HDEL", key("admin:cordoned"), change.worker});
+      return state({"HSET", key("admin:removed"), change.worker, "1"});
+  }
+}
+
+void SharedState::lookup_session(std::uint64_t session) { lookup(Command::Reply::kSession, "session:", wire::hex64(session)); }
+
+void SharedState::lookup_response(std::string_view id) { lookup(Command::Reply::kResponse, "response:", std::string(id)); }
+
+void SharedState::lookup(Command::Reply reply, std::string_view space, std::string what) {
+  if (!up()) return;  // nothing to ask; the request goes on as a miss either way
+  Command c;
+  c.args = {"GET", key(std::string(space) + what)};
+  c.key = std::move(what);
+  c.reply = reply;
+  enqueue(std::move(c));
+}
+
+SharedState::Status SharedState::status() const {
+  Status s;
+  s.up = up();
+  s.published = published_.load();
+  s.dropped = dropped_.load();
+  s.applied = applied_.load();
+  s.resyncs = resyncs_.load();
+  s.reconnects = reconnects_.load();
+  s.replicas = replicas_.load();
+  s.replica = replica_;
+  s.url = options_.url.display();
+  s.prefix = options_.prefix;
+  std::lock_guard lock(mu_);
+  s.queued = queue_.size();
+  s.last_error = last_error_;
+  return s;
+}
+
+// ---- the thread ----
+
+void SharedState::run() {
+  auto backoff = std::chrono::milliseconds(100);
+  auto next_load = Clock::now(), next_rates = Clock::now(), next_trim = Clock::now();
+  while (!stopping_.load()) {
+    if (!conn_) {
+      if (!connect() || !resync()) {
+        went_down(conn_ ? conn_->error() : last_error_copy());
+        for (auto slept = std::chrono::milliseconds(0); slept < backoff && !stopping_.load(); slept += std::chrono::milliseconds(10)) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+        continue;
+      }
+      backoff = std::chrono::milliseconds(100);
+      next_trim = Clock::now() + std::chrono::seconds(1);
+    }
+    const auto now = Clock::now();
+    bool ok = flush();
+    if (ok && now >= next_load) {
+      ok = exchange_load();
+      next_load = now + options_.load_interval;
+    }
+    if (ok && now >= next_rates) {
+      ok = exchange_rates();
+      next_rates = now + options_.rates_interval;
+    }
+    if (ok && now >= next_trim) {
+      ok = check_trimmed();
+      next_trim = now + std::chrono::seconds(1);
+    }
+    if (ok) ok = wait(std::max(Clock::duration::zero(), next_load - Clock::now()));
+    if (!ok) went_down(conn_ ? conn_->error() : "connection lost");
+  }
+  conn_.reset();
+  reader_.reset();
+}
+
+bool SharedState::wait(Clock::duration timeout) {
+  // The reader connection has an XREAD BLOCK outstanding at all times: new records wake this thread at once,
+  // and so does the queue (wakeup_), so a record published here is sent within a round trip, not after the
+  // reader's block.
+  if (!reading_) {
+    reader_->append({"XREAD", "COUNT", "1000", "BLOCK", "100", "STREAMS", key("stream"), last_id_});
+    int done = 0;
+    while (!done) {
+      if (redisBufferWrite(reader_->c, &done) != REDIS_OK) return false;
+    }
+    reading_ = true;
+  }
+  pollfd fds[2] = {{reader_->c->fd, POLLIN, 0}, {wakeup_, POLLIN, 0}};
+  const int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) + 1;
+  if (::poll(fds, 2, std::min(ms, 100)) < 0) return errno == EINTR;
+  if (fds[1].revents & POLLIN) {
+    std::uint64_t n = 0;
+    if (::read(wakeup_, &n, sizeof n) < 0) {}  // only clears the counter
+  }
+  if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) return true;
+  reading_ = false;
+  ReplyPtr r = reader_->reply();
+  if (!r) return false;
+  apply_entries(r.get());
+  return true;
+}
+
+std::string SharedState::last_error_copy() const {
+  std::lock_guard lock(mu_);
+  return last_error_;
+}
+
+std::unique_ptr<SharedState::Conn> SharedState::open() {
+  auto conn = std::make_unique<Conn>();
+  const auto& u = options_.url;
+  conn->c = redisConnectWithTimeout(u.host.c_str(), u.port, to_timeval(options_.io_timeout));
+  if (!conn->c || conn->c->err) {
+    set_error("cannot connect to " + u.display() + ": " + conn->error());
+    return nullptr;
+  }
+  redisSetTimeout(conn->c, to_timeval(options_.io_timeout));
+  auto check = [&](ReplyPtr r, const char* what) {
+    if (!r) return set_error(std::string(what) + ": " + conn->error()), false;
+    if (r->type == REDIS_REPLY_ERROR) return set_error(std::string(what) + ": " + std::string(r->str, r->len)), false;
+    return true;
+  };
+  if (!u.password.empty()) {
+    std::vector<std::string> auth{"AUTH"};
+    if (!u.user.empty()) auth.push_back(u.user);
+    auth.push_back(u.password);
+    if (!check(conn->command(auth), "AUTH")) return nullptr;
+  }
+  if (u.db != 0 && !check(conn->command({"SELECT", std::to_string(u.db)}), "SELECT")) return nullptr;
+  return conn;
+}
+
+bool SharedState::connect() {
+  conn_ = open();
+  reader_ = conn_ ? open() : nullptr;
+  reading_ = false;
+  if (!reader_) conn_.reset();
+  return conn_ != nullptr;
+}
+
+void SharedState::set_error(std::string e) {
+  std::lock_guard lock(mu_);
+  last_error_ = std::move(e);
+}
+
+bool SharedState::resync() {
+  // What this replica queued while Redis was away goes first, so that the state read back includes it.
+  if (!flush()) return false;
+  if (!check_trimmed()) return false;
+  // Catch up: the records since the last position (all of the stream for a new replica).
+  for (int guard = 0; guard < 10'000 && !stopping_.load(); ++guard) {
+    std::size_t got = 0;
+    if (!catch_up(&got)) return false;
+    if (got == 0) break;
+  }
+  AdminState admin;
+  // P:admin:epoch marks a Redis that holds the deployment's admin state; without it (a Redis that restarted
+  // empty, or a new deployment) the replicas write theirs back instead of taking an empty one, and the marker
+  // is queued after what they write.
+  auto epoch = conn_->command({"EXISTS", key("admin:epoch")});
+  if (!epoch) return false;
+  admin.fresh = epoch->type == REDIS_REPLY_INTEGER && epoch->integer == 0;
+  auto cordoned = conn_->command({"HKEYS", key("admin:cordoned")});
+  auto added = conn_->command({"HGETALL", key("admin:added")});
+  auto removed = conn_->command({"HKEYS", key("admin:removed")});
+  if (!cordoned || !added || !removed) return false;
+  for (std::size_t i = 0; cordoned->type == REDIS_REPLY_ARRAY && i < cordoned->elements; ++i) {
+    admin.cordoned.emplace_back(str(cordoned->element[i]));
+  }
+  for (std::size_t i = 0; added->type == REDIS_REPLY_ARRAY && i + 1 < added->elements; i += 2) {
+    admin.added[std::string(str(added->element[i]))] = std::string(str(added->element[i + 1]));
+  }
+  for (std::size_t i = 0; removed->type == REDIS_REPLY_ARRAY && i < removed->elements; ++i) {
+    admin.removed.emplace_back(str(removed->element[i]));
+  }
+  handler_.apply_admin_state(admin);
+  if (admin.fresh) {
+    Command mark;
+    mark.args = {"SET", key("admin:epoch"), "1"};
+    enqueue(std::move(mark));
+  }
+  if (!exchange_rates() || !exchange_load()) return false;
+  resyncs_.fetch_add(1, std::memory_order_relaxed);
+  up_.store(true);
+  warm_.store(true);
+  if (!was_up_) handler_.up_changed(true, "");
+  was_up_ = true;
+  told_down_ = false;
+  return true;
+}
+
+void SharedState::went_down(const std::string& why) {
+  if (conn_) {
+    set_error(why);
+    conn_.reset();
+  }
+  reader_.reset();
+  reading_ = false;
+  up_.store(false);
+  if (was_up_ || !told_down_) {
+    handler_.apply_remote_load({});  // the others' load is not known any more
+    handler_.up_changed(false, why);
+    if (was_up_) reconnects_.fetch_add(1, std::memory_order_relaxed);
+  }
+  was_up_ = false;
+  told_down_ = true;
+  told_down_attempted_.store(true);
+}
+
+bool SharedState::flush() {
+  std::deque<Command> batch;
+  {
+    std::lock_guard lock(mu_);
+    batch.swap(queue_);
+  }
+  if (batch.empty()) return true;
+  for (const auto& c : batch) conn_->append(c.args);
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    ReplyPtr r = conn_->reply();
+    if (!r) {
+      dropped_.fetch_add(batch.size() - i, std::memory_order_relaxed);
+      return false;
+    }
+    published_.fetch_add(1, std::memory_order_relaxed);
+    const Command& c = batch[i];
+    if (r->type == REDIS_REPLY_ERROR) {
+      set_error(std::string(c.args.front()) + ": " + std::string(r->str, r->len));
+    } else if (c.reply == Command::Reply::kSession && r->type == REDIS_REPLY_STRING) {
+      if (auto h = wire::parse_hex64(c.key)) handler_.apply_session(*h, std::string(str(r.get())));
+    } else if (c.reply == Command::Reply::kResponse && r->type == REDIS_REPLY_STRING) {
+      handler_.apply_response_owner(c.key, std::string(str(r.get())));
+    }
+  }
+  return true;
+}
+
+bool SharedState::exchange_load() {
+  const std::string mine = wire::pack_load(handler_.local_load());
+  const std::string load_key = key("load:" + replica_);
+  // An idle replica deletes its key once instead of writing zeros every interval.
+  int writes = 0;
+  if (!mine.empty()) {
+    conn_->append({"SET", load_key, mine, "PX", std::to_string(options_.load_ttl.count())});
+    conn_->append({"SADD", key("replicas"), replica_});
+    writes = 2;
+  } else if (load_published_) {
+    conn_->append({"DEL", load_key});
+    writes = 1;
+  }
+  load_published_ = !mine.empty();
+  conn_->append({"SMEMBERS", key("replicas")});
+  for (int i = 0; i < writes; ++i) {
+    if (!conn_->reply()) return false;
+  }
+  ReplyPtr members = conn_->reply();
+  if (!members) return false;
+  std::vector<std::string> others;
+  for (std::size_t i = 0; members->type == REDIS_REPLY_ARRAY && i < members->elements; ++i) {
+    if (str(members->element[i]) != replica_) others.emplace_back(str(members->element[i]));
+  }
+  std::vector<WorkerLoad> sum;
+  std::size_t live = 0;
+  if (!others.empty()) {
+    std::vector<std::string> mget{"MGET"};
+    for (const auto& o : others) mget.push_back(key("load:" + o));
+    ReplyPtr values = conn_->command(mget);
+    if (!values) return false;
+    std::vector<std::string> gone{"SREM", key("replicas")};
+    for (std::size_t i = 0; values->type == REDIS_REPLY_ARRAY && i < values->elements && i < others.size(); ++i) {
+      if (values->element[i]->type == REDIS_REPLY_STRING) {
+        wire::add_load(str(values->element[i]), sum);
+        ++live;
+      } else {
+        gone.push_back(others[i]);  // expired: that replica stopped or is idle; it adds itself back when busy
+      }
+    }
+    if (gone.size() > 2 && !conn_->command(gone)) return false;
+  }
+  replicas_.store(live, std::memory_order_relaxed);
+  handler_.apply_remote_load(std::move(sum));
+  return true;
+}
+
+bool SharedState::exchange_rates() {
+  std::vector<std::string> hset{"HSET", key("rates")};
+  for (const auto& [worker, rates] : handler_.local_rates()) {
+    if (rates.prefill_samples == 0 && rates.decode_samples == 0) continue;
+    hset.push_back(worker);
+    hset.push_back(wire::pack_rates(rates));
+  }
+  if (hset.size() > 2 && !conn_->command(hset)) return false;
+  ReplyPtr all = conn_->command({"HGETALL", key("rates")});
+  if (!all) return false;
+  for (std::size_t i = 0; all->type == REDIS_REPLY_ARRAY && i + 1 < all->elements; i += 2) {
+    if (auto r = wire::unpack_rates(str(all->element[i + 1]))) handler_.apply_rates(std::string(str(all->element[i])), *r);
+  }
+  return true;
+}
+
+bool SharedState::check_trimmed() {
+  if (last_id_ == "0-0") return true;  // reading from the start: nothing can be missed
+  ReplyPtr info = conn_->command({"XINFO", "STREAM", key("stream")});
+  if (!info) return false;
+  if (info->type != REDIS_REPLY_ARRAY) {
+    // No stream (Redis restarted empty, or FLUSHALL): read whatever comes from the start.
+    last_id_ = "0-0";
+    return true;
+  }
+  std::string_view max_deleted, last_generated;
+  for (std::size_t i = 0; i + 1 < info->elements; i += 2) {
+    const auto name = str(info->element[i]);
+    if (name == "max-deleted-entry-id") max_deleted = str(info->element[i + 1]);
+    if (name == "last-generated-id") last_generated = str(info->element[i + 1]);
+  }
+  // Records past our position were trimmed before we read them (we fell behind), or the stream is younger
+  // than our position (Redis lost it): read what is there from the start.
+  if ((!max_deleted.empty() && wire::compare_ids(max_deleted, last_id_) > 0) ||
+      (!last_generated.empty() && wire::compare_ids(last_generated, last_id_) < 0)) {
+    last_id_ = "0-0";
+    resyncs_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+bool SharedState::catch_up(std::size_t* got) {
+  ReplyPtr r = conn_->command({"XREAD", "COUNT", "5000", "STREAMS", key("stream"), last_id_});
+  if (!r) return false;
+  *got = apply_entries(r.get());
+  return true;
+}
+
+std::size_t SharedState::apply_entries(const redisReply* r) {
+  // XREAD's reply: nil (nothing new), or [[stream, [[id, [field, value, ...]], ...]]].
+  if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) return 0;
+  const redisReply* entries = r->element[0]->elements == 2 ? r->element[0]->element[1] : nullptr;
+  if (!entries || entries->type != REDIS_REPLY_ARRAY) return 0;
+  std::vector<std::pair<std::string_view, std::string_view>> fields;
+  for (std::size_t i = 0; i < entries->elements; ++i) {
+    const redisReply* e = entries->element[i];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 2) continue;
+    const auto id = str(e->element[0]);
+    if (wire::compare_ids(id, last_id_) <= 0) continue;  // read twice (the reader's and a catch-up's)
+    last_id_ = std::string(id);
+    const redisReply* kv = e->element[1];
+    fields.clear();
+    for (std::size_t j = 0; kv->type == REDIS_REPLY_ARRAY && j + 1 < kv->elements; j += 2) {
+      fields.emplace_back(str(kv->element[j]), str(kv->element[j + 1]));
+    }
+    apply_record(fields);
+  }
+  return entries->elements;
+}
+
+void SharedState::apply_record(std::span<const std::pair<std::string_view, std::string_view>> fields) {
+  auto field = [&](std::string_view name) {
+    for (const auto& [k, v] : fields) {
+      if (k == name) return v;
+    }
+    return std::string_view();
+  };
+  if (field("r") == replica_) return;  // our own
+  const auto kind = field("k");
+  const std::string worker(field("w"));
+  if (worker.empty()) return;
+  if (kind == "R") {
+    Routed r;
+    r.worker = worker;
+    r.root = wire::parse_hex64(field("n")).value_or(0);
+    r.hashes = wire::unpack_hashes(field("h"));
+    r.session = wire::parse_hex64(field("s")).value_or(0);
+    handler_.apply_routed(r);
+    if (r.session != 0) handler_.apply_session(r.session, worker);
+  } else if (kind == "O") {
+    handler_.apply_response_owner(std::string(field("i")), worker);
+  } else if (kind == "A") {
+    const auto op = field("op");
+    AdminChange c;
+    c.worker = worker;
+    c.attrs = std::string(field("a"));
+    if (op == "cordon") c.kind = AdminChange::Kind::kCordon;
+    else if (op == "uncordon") c.kind = AdminChange::Kind::kUncordon;
+    else if (op == "add") c.kind = AdminChange::Kind::kAdd;
+    else if (op == "remove") c.kind = AdminChange::Kind::kRemove;
+    else return;
+    handler_.apply_admin(c);
+  } else {
+    return;
+  }
+  applied_.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace kvroute::shared_state

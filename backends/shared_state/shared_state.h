@@ -1,0 +1,227 @@
+// SharedState: what router replicas tell one another through Redis (architecture section 11), so that several
+// kvroute replicas behind one Service act as one router.
+//
+// What goes through Redis (keys under --shared-state-prefix P; docs/operations.md, "Router replicas"):
+//  * P:stream, a Redis Stream (XADD ... MAXLEN ~ N): what each replica routed in approximate mode (the worker's
+//    URL, the namespace root and the chain's block hashes, never prompt text; with the hash of the session key
+//    it bound), the owners of Responses API ids, and admin changes. Every replica applies the others' records.
+//  * P:load:REPLICA (SET ... PX) and the set P:replicas: each replica's in-flight requests, pending prefill and
+//    decode context per worker, every --shared-state-interval, expiring when the replica stops publishing.
+//  * P:session:HASH and P:response:ID (SET ... PX): session bindings and response owners with their TTLs, for a
+//    replica that missed the stream record (it asks on a miss, without waiting).
+//  * P:admin:cordoned, P:admin:added, P:admin:removed (hashes by worker URL): the operator's changes, which a
+//    replica applies when it starts, so they survive restarts (P:admin:epoch marks that Redis holds them).
+//    P:rates: learned worker rates.
+//
+// Threading. One dedicated thread owns two synchronous hiredis connections; the request path only appends to
+// a bounded queue under a short lock (drop-oldest, counted; the first record of a batch also writes an eventfd)
+// and never waits for Redis. The thread keeps an XREAD BLOCK outstanding on one connection and poll()s it with
+// the eventfd: new records of the others are applied as they come, and the queue is sent as one pipeline on
+// the other connection as soon as something is in it (a record reaches the other replicas within a few round
+// trips, well under a millisecond on a LAN).
+// A thread of its own rather than hiredis's async API on the Asio loops: the daemon's I/O threads are share-
+// nothing (router/app.h), so an async connection would live on one of them and every other thread would post
+// to it anyway; a blocking XREAD needs no timer plumbing; and a slow or unreachable Redis (socket timeouts,
+// reconnect backoff) stalls only this thread, never a request's. Records arrive through Handler callbacks on
+// that thread.
+//
+// Redis down: the replica goes on alone (up() false, one log line through the handler), reconnects with
+// backoff (0.1 s doubling to 1 s) and then resynchronizes: it reads the recent stream and the admin state
+// again. A replica whose stream position was trimmed away (it fell behind) resynchronizes the same way.
+//
+//   SharedState::Options o;  o.url = *parse_redis_url("redis://:secret@10.0.0.5:6379/0");
+//   SharedState state(o, handler);
+//   state.start(std::chrono::seconds(3));                 // warm start: reads the recent stream first
+//   state.routed("http://10.0.0.7:8000", chain.root, chain.hashes, session_hash);   // never blocks
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "hashing/block_chain.h"
+#include "policy/rate_learner.h"
+#include "util/result.h"
+
+struct redisReply;  // hiredis
+
+namespace kvroute::shared_state {
+
+struct RedisUrl {
+  std::string host;
+  int port = 6379;
+  std::string user;      // Redis 6 ACL user; empty: the default user
+  std::string password;  // empty: no AUTH
+  int db = 0;
+  std::string display() const;  // redis://HOST:PORT/DB, without the password
+};
+// redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]; errors say what is wrong.
+Result<RedisUrl> parse_redis_url(std::string_view url);
+
+// One replica's load on one worker (or the sum over the other replicas).
+struct WorkerLoad {
+  std::string worker;  // the worker's URL, the same on every replica
+  std::uint32_t in_flight = 0;
+  std::uint64_t pending_prefill_tokens = 0;
+  double pending_prefill_s = 0;
+  double oldest_prefill_s = 0;
+  std::uint64_t active_decode_tokens = 0;
+};
+
+struct Routed {
+  std::string worker;
+  std::uint64_t root = 0;
+  std::vector<hashing::BlockHash> hashes;
+  std::uint64_t session = 0;  // hash of the session key bound to the worker; 0: none
+};
+
+// An operator's change to the fleet, made on one replica and applied on all.
+struct AdminChange {
+  enum class Kind : std::uint8_t { kCordon, kUncordon, kAdd, kRemove };
+  Kind kind = Kind::kCordon;
+  std::string worker;  // URL
+  std::string attrs;   // kAdd: the worker's attributes (encode_attrs)
+};
+
+// The admin state kept in Redis, read at (re)start.
+struct AdminState {
+  std::vector<std::string> cordoned;
+  std::map<std::string, std::string> added;  // URL -> attributes
+  std::vector<std::string> removed;
+  // Redis holds nothing of this deployment (it restarted empty, or is new): the replicas' own view is the best
+  // there is, and they write it back rather than take the empty state.
+  bool fresh = false;
+};
+
+// "key\tvalue\n" lines (values without tabs or newlines), for a worker's attributes.
+std::string encode_attrs(const std::vector<std::pair<std::string, std::string>>& attrs);
+std::vector<std::pair<std::string, std::string>> decode_attrs(std::string_view text);
+
+// What the replica does with what the others share. Every callback runs on the shared state's thread.
+class Handler {
+ public:
+  virtual ~Handler() = default;
+  virtual void apply_routed(const Routed& r) = 0;
+  virtual void apply_session(std::uint64_t session, const std::string& worker) = 0;
+  virtual void apply_response_owner(const std::string& id, const std::string& worker) = 0;
+  virtual void apply_admin(const AdminChange& c) = 0;
+  virtual void apply_admin_state(const AdminState& s) = 0;
+  virtual void apply_rates(const std::string& worker, const policy::WorkerRates& r) = 0;
+  // The other replicas' load, summed per worker (replaces the previous sum).
+  virtual void apply_remote_load(std::vector<WorkerLoad> load) = 0;
+  virtual std::vector<WorkerLoad> local_load() = 0;
+  virtual std::vector<std::pair<std::string, policy::WorkerRates>> local_rates() = 0;
+  // Redis became reachable (after a resync) or unreachable; `why` says what failed.
+  virtual void up_changed(bool up, const std::string& why) = 0;
+};
+
+class SharedState {
+ public:
+  struct Options {
+    RedisUrl url;
+    std::string prefix = "kvroute";
+    std::size_t queue_limit = 100'000;      // commands waiting to be sent; beyond, the oldest is dropped
+    std::size_t stream_maxlen = 200'000;    // XADD MAXLEN ~
+    std::size_t warm_records = 200'000;     // records read back at (re)start
+    std::chrono::milliseconds load_interval{25};
+    std::chrono::milliseconds load_ttl{1000};
+    std::chrono::milliseconds rates_interval{2000};
+    std::chrono::milliseconds io_timeout{1000};  // a command that takes longer counts as Redis down
+    double session_ttl_s = 600;
+    double response_ttl_s = 86400;
+  };
+  struct Status {
+    bool up = false;
+    std::uint64_t published = 0, dropped = 0, applied = 0, resyncs = 0, reconnects = 0;
+    std::size_t queued = 0, replicas = 0;
+    std::string replica;  // this replica's id
+    std::string url;      // RedisUrl::display(), without the password
+    std::string prefix;
+    std::string last_error;
+  };
+
+  SharedState(Options options, Handler& handler);
+  ~SharedState();
+  SharedState(const SharedState&) = delete;
+  SharedState& operator=(const SharedState&) = delete;
+
+  // Starts the thread and waits at most `warm` for it to connect and read the recent stream and admin state.
+  // False when that did not happen in time: the replica starts alone and catches up once Redis answers.
+  bool start(std::chrono::milliseconds warm);
+  void stop();
+
+  // Non-blocking; callable from any thread.
+  void routed(std::string_view worker, std::uint64_t root, std::span<const hashing::BlockHash> hashes,
+              std::uint64_t session);
+  void response_owner(std::string_view id, std::string_view worker);
+  void admin(const AdminChange& change);
+  // Asks Redis for a binding this replica does not know; the answer, if any, comes through the handler.
+  void lookup_session(std::uint64_t session);
+  void lookup_response(std::string_view id);
+
+  bool up() const { return up_.load(std::memory_order_relaxed); }
+  Status status() const;
+
+ private:
+  struct Command {
+    std::vector<std::string> args;
+    enum class Reply : std::uint8_t { kIgnore, kSession, kResponse } reply = Reply::kIgnore;
+    std::string key;  // what a lookup asked for
+  };
+  void enqueue(Command c);
+  void lookup(Command::Reply reply, std::string_view space, std::string what);
+  void run();
+  bool connect();
+  bool resync();
+  bool flush();
+  bool exchange_load();
+  bool exchange_rates();
+  bool check_trimmed();
+  struct Conn;
+  std::unique_ptr<Conn> open();  // a connection, authenticated and on its DB; null (last_error_ set) on failure
+  // Waits up to `timeout` for new records (applied) or for commands to send; false when Redis failed.
+  bool wait(std::chrono::steady_clock::duration timeout);
+  // Reads the records after last_id_ without blocking, 5,000 at most; *got says how many came.
+  bool catch_up(std::size_t* got);
+  std::size_t apply_entries(const ::redisReply* r);
+  void apply_record(std::span<const std::pair<std::string_view, std::string_view>> fields);
+  void went_down(const std::string& why);
+  void set_error(std::string e);
+  std::string last_error_copy() const;
+  std::string key(std::string_view name) const { return options_.prefix + ":" + std::string(name); }
+
+  const Options options_;
+  Handler& handler_;
+  const std::string replica_;
+
+  mutable std::mutex mu_;
+  std::deque<Command> queue_;  // guarded by mu_
+  std::string last_error_;     // guarded by mu_
+  std::atomic<std::uint64_t> published_{0}, dropped_{0}, applied_{0}, resyncs_{0}, reconnects_{0};
+  std::atomic<std::size_t> replicas_{0};
+  std::atomic<bool> up_{false};
+  std::atomic<bool> warm_{false};
+  std::atomic<bool> told_down_attempted_{false};  // a first connection attempt failed (start() stops waiting)
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+
+  const int wakeup_;  // eventfd: the queue went from empty to not empty
+
+  // Owned by the thread: one connection for commands, one for the reader's XREAD BLOCK.
+  std::unique_ptr<Conn> conn_, reader_;
+  bool reading_ = false;  // an XREAD is outstanding on reader_
+  std::string last_id_ = "0-0";
+  bool load_published_ = false;  // this replica's load key holds a non-empty load
+  bool was_up_ = false, told_down_ = false;
+};
+
+}  // namespace kvroute::shared_state

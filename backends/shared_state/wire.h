@@ -1,0 +1,37 @@
+// How shared records are written as Redis values (shared_state.h): block hashes as little-endian 64-bit
+// words, hashes and session keys as 16 hex digits, load and rates as tab-separated text lines. The values are
+// kvroute's own (no prompt text), small, and readable with redis-cli for an operator who wants to look.
+//
+//   std::string h = wire::pack_hashes(chain.hashes);      // 8 bytes per block
+//   auto back = wire::unpack_hashes(h);                   // the same hashes
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/shared_state/shared_state.h"
+
+namespace kvroute::shared_state::wire {
+
+std::string pack_hashes(std::span<const hashing::BlockHash> hashes);
+std::vector<hashing::BlockHash> unpack_hashes(std::string_view bytes);
+
+std::string hex64(std::uint64_t v);
+std::optional<std::uint64_t> parse_hex64(std::string_view s);
+
+// One line per worker: URL, in flight, pending prefill tokens, pending prefill s, oldest prefill s, decode tokens.
+std::string pack_load(const std::vector<WorkerLoad>& load);
+// Adds the lines of `text` into `sum` (by worker URL); malformed lines are skipped.
+void add_load(std::string_view text, std::vector<WorkerLoad>& sum);
+
+std::string pack_rates(const policy::WorkerRates& r);
+std::optional<policy::WorkerRates> unpack_rates(std::string_view text);
+
+// Stream ids "MS-SEQ" compared as numbers: negative, zero or positive like strcmp.
+int compare_ids(std::string_view a, std::string_view b);
+
+}  // namespace kvroute::shared_state::wire

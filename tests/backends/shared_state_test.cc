@@ -1,0 +1,83 @@
+// Unit tests of the shared state's wire formats (backends/shared_state/wire.h); the Redis side is tested end to
+// end with a real redis-server (tests/e2e/replicas_e2e_test.cc).
+#include <gtest/gtest.h>
+
+#include "backends/shared_state/wire.h"
+
+namespace kvroute::shared_state {
+namespace {
+
+TEST(SharedStateUrl, ParsesHostPortPasswordAndDb) {
+  auto u = parse_redis_url("redis://:s3cret@10.0.0.5:6380/2");
+  ASSERT_TRUE(u) << u.error().message;
+  EXPECT_EQ(u->host, "10.0.0.5");
+  EXPECT_EQ(u->port, 6380);
+  EXPECT_EQ(u->password, "s3cret");
+  EXPECT_EQ(u->user, "");
+  EXPECT_EQ(u->db, 2);
+  EXPECT_EQ(u->display(), "redis://10.0.0.5:6380/2");  // never the password
+  auto acl = parse_redis_url("redis://router:pw@redis");
+  ASSERT_TRUE(acl);
+  EXPECT_EQ(acl->user, "router");
+  EXPECT_EQ(acl->port, 6379);
+  EXPECT_TRUE(parse_redis_url("redis://[::1]:7000"));
+}
+
+TEST(SharedStateUrl, BadUrlsSayWhyWithoutThePassword) {
+  for (const char* bad : {"http://h:1", "redis://:pw@h:99999", "redis://", "redis://h:1/x", "redis://pw@h:1"}) {
+    auto u = parse_redis_url(bad);
+    ASSERT_FALSE(u) << bad;
+    EXPECT_NE(u.error().message.find("redis://"), std::string::npos);
+    EXPECT_EQ(u.error().message.find("pw@"), std::string::npos) << u.error().message;
+  }
+}
+
+TEST(SharedStateWire, HashesRoundTrip) {
+  const std::vector<hashing::BlockHash> h{0, 1, 0xfedcba9876543210ull, ~0ull};
+  const std::string packed = wire::pack_hashes(h);
+  EXPECT_EQ(packed.size(), 32u);
+  EXPECT_EQ(wire::unpack_hashes(packed), h);
+  EXPECT_EQ(wire::parse_hex64(wire::hex64(0xfedcba9876543210ull)), 0xfedcba9876543210ull);
+  EXPECT_FALSE(wire::parse_hex64("xyz"));
+}
+
+TEST(SharedStateWire, LoadsAreSummedPerWorker) {
+  std::vector<WorkerLoad> sum;
+  wire::add_load(wire::pack_load({{"http://a:1", 2, 100, 0.5, 0.3, 40}, {"http://b:1", 1, 0, 0, 0, 7}}), sum);
+  wire::add_load(wire::pack_load({{"http://a:1", 3, 50, 0.25, 0.4, 10}}), sum);
+  wire::add_load("garbage line\nhttp://c:1\t1\n", sum);  // malformed lines are skipped
+  ASSERT_EQ(sum.size(), 2u);
+  EXPECT_EQ(sum[0].worker, "http://a:1");
+  EXPECT_EQ(sum[0].in_flight, 5u);
+  EXPECT_EQ(sum[0].pending_prefill_tokens, 150u);
+  EXPECT_DOUBLE_EQ(sum[0].pending_prefill_s, 0.75);
+  EXPECT_DOUBLE_EQ(sum[0].oldest_prefill_s, 0.4);
+  EXPECT_EQ(sum[0].active_decode_tokens, 50u);
+  EXPECT_EQ(sum[1].in_flight, 1u);
+}
+
+TEST(SharedStateWire, RatesAndAttributesRoundTrip) {
+  policy::WorkerRates r;
+  r.prefill_tokens_per_s = 12345.5;
+  r.decode_correction = 1.25;
+  r.prefill_samples = 17;
+  auto back = wire::unpack_rates(wire::pack_rates(r));
+  ASSERT_TRUE(back);
+  EXPECT_DOUBLE_EQ(back->prefill_tokens_per_s, 12345.5);
+  EXPECT_DOUBLE_EQ(back->decode_correction, 1.25);
+  EXPECT_EQ(back->prefill_samples, 17u);
+  EXPECT_FALSE(wire::unpack_rates("1\t2"));
+  const auto attrs = decode_attrs(encode_attrs({{"model", "m"}, {"kv_events", ""}, {"bad", "a\tb"}, {"dp_size", "2"}}));
+  ASSERT_EQ(attrs.size(), 2u);
+  EXPECT_EQ(attrs[0], (std::pair<std::string, std::string>{"model", "m"}));
+  EXPECT_EQ(attrs[1], (std::pair<std::string, std::string>{"dp_size", "2"}));
+}
+
+TEST(SharedStateWire, StreamIdsCompareAsNumbers) {
+  EXPECT_LT(wire::compare_ids("9-1", "10-0"), 0);
+  EXPECT_GT(wire::compare_ids("10-2", "10-1"), 0);
+  EXPECT_EQ(wire::compare_ids("5-5", "5-5"), 0);
+}
+
+}  // namespace
+}  // namespace kvroute::shared_state

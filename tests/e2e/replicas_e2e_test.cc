@@ -1,0 +1,411 @@
+// End-to-end tests of router replicas sharing state through Redis (--shared-state): a real redis-server on
+// loopback, several kvroute processes in front of the same kvroute-sim workers, requests spread round-robin over
+// the replicas, against one replica alone on the same workload.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+#include "tests/support/harness.h"
+
+namespace kvroute::test {
+namespace {
+
+namespace json = boost::json;
+using namespace std::chrono_literals;
+
+constexpr int kWorkers = 4;
+constexpr int kTenantBlocks = 400;
+const char* kRedisServer = "/usr/bin/redis-server";
+
+// One redis-server on loopback without persistence; restartable on the same port.
+class Redis {
+ public:
+  Redis() : port_(free_port()) { start(); }
+  void start() {
+    proc_ = Process::start({kRedisServer, "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "",
+                            "--appendonly", "no"},
+                           testing::TempDir() + "/kvroute-replicas-redis.log");
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (command("PING").find("+PONG") == std::string::npos && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  void kill() { proc_.kill_now(); }
+  // An inline command's raw reply (the connection is closed after it).
+  std::string command(const std::string& cmd) const { return raw_exchange(port_, cmd + "\r\nQUIT\r\n", 2s); }
+  // Calls and bytes of the commands Redis served so far (INFO commandstats, INFO stats).
+  std::pair<double, double> calls_and_bytes() const {
+    const std::string stats = command("INFO commandstats");
+    double calls = 0;
+    for (auto pos = stats.find("calls="); pos != std::string::npos; pos = stats.find("calls=", pos + 1)) {
+      calls += std::stod(stats.substr(pos + 6));
+    }
+    const std::string net = command("INFO stats");
+    auto field = [&](const std::string& name) {
+      const auto pos = net.find(name + ":");
+      return pos == std::string::npos ? 0.0 : std::stod(net.substr(pos + name.size() + 1));
+    };
+    return {calls, field("total_net_input_bytes") + field("total_net_output_bytes")};
+  }
+  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int port_;
+  Process proc_;
+};
+
+double metric(int port, const std::string& name) {
+  const std::string m = http(port, "GET", "/metrics").body;
+  double sum = 0;
+  bool found = false;
+  for (auto pos = m.find(name); pos != std::string::npos; pos = m.find(name, pos + 1)) {
+    if (pos != 0 && m[pos - 1] != '\n') continue;
+    const auto line = m.substr(pos, m.find('\n', pos) - pos);
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+    found = true;
+  }
+  return found ? sum : -1;
+}
+
+// 4 kvroute-sim workers (one process) and `replicas` kvroute processes sharing `redis` (none: a replica alone).
+class Replicas {
+ public:
+  Replicas(int replicas, const Redis* redis, int gpu_blocks = 4096) : redis_(redis) {
+    sim_ = free_ports(kWorkers);
+    sim_proc_ = Process::start({bin("kvroute-sim"), "--port", std::to_string(sim_), "--workers", std::to_string(kWorkers),
+                                "--speed", "20", "--num-gpu-blocks", std::to_string(gpu_blocks)},
+                               testing::TempDir() + "/kvroute-replicas-sim.log");
+    for (int i = 0; i < kWorkers; ++i) EXPECT_TRUE(wait_http(sim_ + i, "/health", 10s));
+    for (int i = 0; i < replicas; ++i) add();
+  }
+
+  // Starts one more replica and waits until it answers /ready.
+  int add() {
+    const int i = static_cast<int>(api_.size());
+    api_.push_back(free_port());
+    admin_.push_back(free_port());
+    procs_.emplace_back();
+    start(i);
+    return i;
+  }
+  void start(int i) {
+    std::vector<std::string> argv{bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api_[i]),
+                                  "--admin-listen", "127.0.0.1:" + std::to_string(admin_[i]), "--threads", "1",
+                                  "--health-interval", "0.2", "--healthy-threshold", "1"};
+    for (int w = 0; w < kWorkers; ++w) argv.insert(argv.end(), {"--worker", worker_url(w)});
+    if (redis_) argv.insert(argv.end(), {"--shared-state", redis_->url(), "--shared-state-prefix", "e2e"});
+    procs_[i] = Process::start(argv, log(i));
+    EXPECT_TRUE(wait_http(api_[i], "/ready", 15s)) << "replica " << i;
+  }
+  void kill(int i) { procs_[i].kill_now(); }
+  std::string log(int i) const { return testing::TempDir() + "/kvroute-replica-" + std::to_string(i) + ".log"; }
+  std::string log_text(int i) const {
+    std::ifstream f(log(i));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  std::string worker_url(int w) const { return "http://127.0.0.1:" + std::to_string(sim_ + w); }
+  std::string worker_name(int w) const { return "127.0.0.1:" + std::to_string(sim_ + w); }
+  int size() const { return static_cast<int>(api_.size()); }
+  int api(int i) const { return api_[i]; }
+  int admin(int i) const { return admin_[i]; }
+  // The workers' mean TTFT (simulated seconds, from their own histograms: free of this machine's noise).
+  double mean_ttft() const {
+    double sum = 0, count = 0;
+    for (int w = 0; w < kWorkers; ++w) {
+      sum += metric(sim_ + w, "vllm:time_to_first_token_seconds_sum");
+      count += metric(sim_ + w, "vllm:time_to_first_token_seconds_count");
+    }
+    return count > 0 ? sum / count : 0;
+  }
+  bool cordoned_on(int replica, const std::string& worker) const {
+    auto r = http(admin_[replica], "GET", "/admin/workers");
+    if (r.status != 200) return false;
+    const json::value v = json::parse(r.body);
+    for (const auto& w : v.at("workers").as_array()) {
+      if (w.at("name").as_string() == worker) return w.at("cordoned").as_bool();
+    }
+    return false;
+  }
+
+ private:
+  const Redis* redis_;
+  int sim_ = 0;
+  Process sim_proc_;
+  std::vector<int> api_, admin_;
+  std::vector<Process> procs_;
+};
+
+// Deterministic filler text: `words` words drawn from `seed`.
+std::string text(std::uint64_t seed, int words) {
+  static const char* kWords[] = {"alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
+                                 "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo"};
+  std::string out;
+  for (int i = 0; i < words; ++i) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    out += kWords[(seed >> 33) % 18];
+    out += ' ';
+  }
+  return out;
+}
+
+struct Result {
+  int requests = 0, failed = 0;
+  double prompt = 0, cached = 0;
+  double hit_rate() const { return prompt > 0 ? cached / prompt : 0; }
+};
+
+struct Sent {
+  int status = 0;
+  std::string worker;
+  double prompt = 0, cached = 0;
+};
+
+Sent send(int port, const std::string& prompt, const std::map<std::string, std::string>& headers = {}) {
+  json::object body{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}};
+  auto r = http(port, "POST", "/v1/completions", json::serialize(body), headers);
+  Sent s;
+  s.status = r.status;
+  if (r.status != 200) return s;
+  s.worker = r.header("x-kvroute-worker");
+  auto v = json::parse(r.body);
+  s.prompt = v.at("usage").at("prompt_tokens").to_number<double>();
+  s.cached = v.at("usage").at("prompt_tokens_details").at("cached_tokens").to_number<double>();
+  return s;
+}
+
+// `n` requests from `threads` clients, request i through replica i % replicas, built by make(i) as
+// {prompt, session}.
+template <class Make>
+Result run(const Replicas& fleet, int n, int threads, Make make, int only_replica = -1) {
+  Result res;
+  std::mutex mu;
+  std::atomic<int> next{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < threads; ++t) {
+    clients.emplace_back([&] {
+      for (int i = next++; i < n; i = next++) {
+        const auto [prompt, session] = make(i);
+        const int replica = only_replica >= 0 ? only_replica : i % fleet.size();
+        std::map<std::string, std::string> headers;
+        if (!session.empty()) headers["x-session-id"] = session;
+        const Sent s = send(fleet.api(replica), prompt, headers);
+        std::lock_guard lock(mu);
+        ++res.requests;
+        if (s.status != 200) ++res.failed;
+        res.prompt += s.prompt;
+        res.cached += s.cached;
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  return res;
+}
+
+// Tenants: 32 long shared system prompts, each request one of them plus its own question.
+std::pair<std::string, std::string> tenant_request(int i) {
+  const int tenant = (i * 7 + i / 5) % 32;
+  return {text(1000 + tenant, 300) + "question " + std::to_string(i) + ": " + text(i, 20), ""};
+}
+
+// Multi-turn sessions: 16 conversations of 6 turns, each turn its history plus a new message; turns of one
+// conversation run in order (request i is turn i / 16 of conversation i % 16).
+std::pair<std::string, std::string> session_request(int i) {
+  const int conv = i % 16, turn = i / 16;
+  std::string prompt = text(5000 + conv, 120);
+  for (int t = 0; t <= turn; ++t) prompt += "turn " + std::to_string(t) + ": " + text(conv * 100 + t, 60);
+  return {prompt, "conversation-" + std::to_string(conv)};
+}
+
+bool redis_available() { return ::access(kRedisServer, X_OK) == 0; }
+
+TEST(ReplicasE2E, ApproximateHitRateMatchesOneReplica) {
+  if (!redis_available()) GTEST_SKIP() << "redis-server is not installed (scripts/setup.sh installs it)";
+  struct Cell { Result tenants, sessions; double ttft_sessions = 0; };
+  auto measure = [&](int replicas, const Redis* redis) {
+    Cell c;
+    {
+      // KV capacity for the tenants' prompts once, not once per replica: a prompt each replica sends to a
+      // worker of its own choosing evicts others.
+      Replicas fleet(replicas, redis, kTenantBlocks);
+      c.tenants = run(fleet, 320, 6, tenant_request);
+    }
+    {
+      Replicas fleet(replicas, redis);
+      // One turn of every conversation at a time: each round's 16 requests in parallel.
+      for (int turn = 0; turn < 6; ++turn) {
+        Result r = run(fleet, 16, 8, [turn](int i) { return session_request(turn * 16 + i); });
+        c.sessions.requests += r.requests;
+        c.sessions.failed += r.failed;
+        c.sessions.prompt += r.prompt;
+        c.sessions.cached += r.cached;
+      }
+      c.ttft_sessions = fleet.mean_ttft();
+    }
+    return c;
+  };
+  const Cell one = measure(1, nullptr);
+  Redis redis;
+  const auto [calls0, bytes0] = redis.calls_and_bytes();
+  const Cell three = measure(3, &redis);
+  const auto [calls1, bytes1] = redis.calls_and_bytes();
+  const double routed = three.tenants.requests + three.sessions.requests;
+  // Everything Redis served during the runs (the replicas' idle reads and load included), per routed request.
+  std::printf("redis: %.1f commands and %.0f bytes per routed request\n", (calls1 - calls0) / routed,
+              (bytes1 - bytes0) / routed);
+  // For reference, not asserted: the same replicas without sharing.
+  const Cell alone = measure(3, nullptr);
+  std::printf("3 replicas without sharing: tenants hit %.3f, sessions %.3f\n", alone.tenants.hit_rate(),
+              alone.sessions.hit_rate());
+  // The workload depends on what the replicas share (each replica's own copies of the tenants' prompts evict
+  // one another); the sessions alone do not, as the fleet is idle between turns.
+  EXPECT_LT(alone.tenants.hit_rate(), 0.8 * three.tenants.hit_rate());
+  std::printf("tenants: 1 replica hit %.3f, 3 replicas %.3f (%.3fx)\n", one.tenants.hit_rate(), three.tenants.hit_rate(),
+              three.tenants.hit_rate() / one.tenants.hit_rate());
+  std::printf("sessions: 1 replica hit %.3f TTFT %.4f s, 3 replicas %.3f TTFT %.4f s (%.3fx, %.3fx)\n",
+              one.sessions.hit_rate(), one.ttft_sessions, three.sessions.hit_rate(), three.ttft_sessions,
+              three.sessions.hit_rate() / one.sessions.hit_rate(), three.ttft_sessions / one.ttft_sessions);
+  EXPECT_EQ(three.tenants.failed + three.sessions.failed, 0);
+  EXPECT_GE(three.tenants.hit_rate(), 0.97 * one.tenants.hit_rate());
+  EXPECT_GE(three.sessions.hit_rate(), 0.97 * one.sessions.hit_rate());
+  EXPECT_LE(three.ttft_sessions, 1.10 * one.ttft_sessions);
+}
+
+TEST(ReplicasE2E, ConversationAlternatingReplicasStaysOnOneWorker) {
+  if (!redis_available()) GTEST_SKIP() << "redis-server is not installed";
+  Redis redis;
+  // KVROUTE_TEST_NO_SHARING=1 runs the same replicas without Redis: then every turn after the first goes cold
+  // on another worker (the test's own check that it depends on what the replicas share).
+  const char* no_sharing = std::getenv("KVROUTE_TEST_NO_SHARING");
+  Replicas fleet(3, no_sharing && *no_sharing ? nullptr : &redis, kTenantBlocks);
+  // Other tenants' traffic meanwhile, so that each replica's own view of the workers' load differs.
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> background;
+  for (int t = 0; t < 3; ++t) {
+    background.emplace_back([&, t] {
+      for (int i = 0; !stop; ++i) send(fleet.api((t + i) % 3), tenant_request(t * 1000 + i).first);
+    });
+  }
+  std::set<std::string> workers;
+  double last_cached = -1;
+  std::string prompt = text(77, 200);
+  for (int turn = 0; turn < 6; ++turn) {
+    prompt += "user turn " + std::to_string(turn) + ": " + text(900 + turn, 40);
+    const Sent s = send(fleet.api(turn % 3), prompt, {{"x-session-id", "alternating"}});
+    ASSERT_EQ(s.status, 200);
+    workers.insert(s.worker);
+    if (turn > 0) {
+      EXPECT_GT(s.cached, last_cached) << "turn " << turn;
+    }
+    last_cached = s.cached;
+    prompt += "assistant: " + text(1900 + turn, 10);
+    std::this_thread::sleep_for(50ms);  // a user reading the answer; the binding reaches the other replicas
+  }
+  stop = true;
+  for (auto& b : background) b.join();
+  EXPECT_EQ(workers.size(), 1u);
+}
+
+TEST(ReplicasE2E, CordonHoldsOnEveryReplicaAndAfterARestart) {
+  if (!redis_available()) GTEST_SKIP() << "redis-server is not installed";
+  Redis redis;
+  Replicas fleet(3, &redis);
+  const std::string name = fleet.worker_name(1);
+  ASSERT_EQ(http(fleet.admin(0), "POST", "/admin/workers/" + name + "/cordon").status, 200);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool everywhere = false;
+  while (!everywhere && std::chrono::steady_clock::now() - t0 < 1s) {
+    everywhere = fleet.cordoned_on(1, name) && fleet.cordoned_on(2, name);
+    if (!everywhere) std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_TRUE(everywhere) << "the cordon did not reach every replica within 1 s";
+  for (int i = 0; i < 24; ++i) {
+    const Sent s = send(fleet.api(i % 3), text(3000 + i, 80));
+    ASSERT_EQ(s.status, 200);
+    EXPECT_NE(s.worker, name);
+  }
+  fleet.kill(2);  // kill -9, then start again: it reads the admin state before it is ready
+  fleet.start(2);
+  EXPECT_TRUE(fleet.cordoned_on(2, name));
+  for (int i = 0; i < 12; ++i) EXPECT_NE(send(fleet.api(2), text(4000 + i, 80)).worker, name);
+  ASSERT_EQ(http(fleet.admin(2), "POST", "/admin/workers/" + name + "/uncordon").status, 200);
+  std::this_thread::sleep_for(1s);
+  EXPECT_FALSE(fleet.cordoned_on(0, name));
+  EXPECT_FALSE(fleet.cordoned_on(1, name));
+}
+
+TEST(ReplicasE2E, RedisKilledMidRunFailsNoRequest) {
+  if (!redis_available()) GTEST_SKIP() << "redis-server is not installed";
+  Redis redis;
+  Replicas fleet(3, &redis);
+  std::atomic<bool> stop{false};
+  std::atomic<int> sent{0}, failed{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 3; ++t) {
+    clients.emplace_back([&, t] {
+      for (int i = 0; !stop; ++i) {
+        const auto [prompt, session] = tenant_request(t * 100000 + i);
+        if (send(fleet.api((t + i) % 3), prompt).status != 200) ++failed;
+        ++sent;
+      }
+    });
+  }
+  std::this_thread::sleep_for(1s);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(metric(fleet.admin(i), "kvroute_shared_state_up"), 1) << i;
+  redis.kill();
+  std::this_thread::sleep_for(1500ms);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(metric(fleet.admin(i), "kvroute_shared_state_up"), 0) << i;
+  redis.start();
+  const auto back = std::chrono::steady_clock::now();
+  bool up = false;
+  while (!up && std::chrono::steady_clock::now() - back < 5s) {
+    up = true;
+    for (int i = 0; i < 3; ++i) up = up && metric(fleet.admin(i), "kvroute_shared_state_up") == 1;
+    if (!up) std::this_thread::sleep_for(50ms);
+  }
+  std::printf("sharing back %.2f s after redis returned\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - back).count());
+  EXPECT_TRUE(up) << "sharing did not come back within 5 s of Redis's return";
+  std::this_thread::sleep_for(500ms);
+  stop = true;
+  for (auto& c : clients) c.join();
+  EXPECT_GT(sent.load(), 30);
+  EXPECT_EQ(failed.load(), 0);
+  for (int i = 0; i < 3; ++i) {
+    const std::string log = fleet.log_text(i);
+    EXPECT_NE(log.find("is down"), std::string::npos) << "replica " << i;
+    EXPECT_NE(log.find("is up: sharing"), std::string::npos) << "replica " << i;
+  }
+}
+
+TEST(ReplicasE2E, NewReplicaStartsWarm) {
+  if (!redis_available()) GTEST_SKIP() << "redis-server is not installed";
+  Redis redis;
+  Replicas fleet(2, &redis, kTenantBlocks);
+  // Traffic on the first two, then a third replica joins and takes its share of the same workload.
+  Result before = run(fleet, 160, 4, tenant_request);
+  EXPECT_EQ(before.failed, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int fresh = fleet.add();
+  const double startup = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto later = [](int i) { return tenant_request(160 + i); };
+  Result mine = run(fleet, 40, 4, later, fresh);
+  Result others = run(fleet, 40, 4, [&](int i) { return tenant_request(200 + i); }, 0);
+  std::printf("new replica ready in %.2f s; its hit rate %.3f, an old replica's %.3f\n", startup, mine.hit_rate(),
+              others.hit_rate());
+  EXPECT_LT(startup, 5.0);
+  EXPECT_GE(mine.hit_rate(), 0.97 * others.hit_rate());
+}
+
+}  // namespace
+}  // namespace kvroute::test
