@@ -8,7 +8,7 @@ build_dir=${1:-build}
 
 packages=(build-essential cmake ninja-build ccache pkg-config git curl ca-certificates
   libboost1.81-dev libboost-json1.81-dev libprotobuf-dev protobuf-compiler prometheus-cpp-dev libxxhash-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libzmq3-dev cppzmq-dev libyaml-cpp-dev)
+  libgtest-dev libgmock-dev libbenchmark-dev libzmq3-dev cppzmq-dev libyaml-cpp-dev libssl-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
