@@ -1,21 +1,11 @@
 #include "router/cache_salt.h"
 
-#include <cstdint>
-
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "hashing/length_prefixed.h"
+
 namespace kvroute::router {
-
-namespace {
-
-void append_field(std::string& out, std::string_view field) {
-  const auto n = static_cast<std::uint32_t>(field.size());
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  out.append(field);
-}
-
-}  // namespace
 
 std::string hmac_sha256_hex(std::string_view key, std::string_view data) {
   unsigned char mac[EVP_MAX_MD_SIZE];
@@ -38,8 +28,8 @@ std::string worker_cache_salt(std::string_view secret, std::string_view tenant, 
   if (tenant.empty() && client_salt.empty()) return {};
   std::string message;
   message.reserve(8 + tenant.size() + client_salt.size());
-  append_field(message, tenant);
-  append_field(message, client_salt);
+  hashing::append_length_prefixed(message, tenant);
+  hashing::append_length_prefixed(message, client_salt);
   // 128 bits of the MAC: collisions need about 2^64 tenants.
   return "kvr1-" + hmac_sha256_hex(secret, message).substr(0, 32);
 }

@@ -32,10 +32,13 @@ struct ParseOptions {
   std::uint32_t block_tokens = hashing::kDefaultBlockTokens;
   std::uint32_t block_bytes = hashing::kDefaultBlockBytes;
   bool tokenize = false;  // text requests also get the body of a /tokenize call (tokenize_body)
-  // Tenant isolation on the workers (router/cache_salt.h): the body sent on carries the tenant's cache_salt,
-  // keyed with this secret (--tenant-salt-secret), in place of any the client sent; with
-  // allow_client_cache_salt the client's salt is mixed into it instead of being dropped.
-  std::string_view tenant_salt_secret;
+};
+
+// Tenant isolation on the workers (router/cache_salt.h): the body sent on carries the tenant's cache_salt,
+// keyed with `secret` (--tenant-salt-secret), in place of any the client sent; with allow_client_cache_salt
+// the client's salt is mixed into it instead of being dropped.
+struct SaltOptions {
+  std::string_view secret;
   bool allow_client_cache_salt = false;
 };
 
@@ -69,7 +72,7 @@ struct RoutableRequest {
 void use_token_ids(RoutableRequest& request, const std::vector<std::uint32_t>& tokens, std::uint32_t block_tokens);
 
 Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, const RequestHeaders& headers,
-                                      const ParseOptions& options);
+                                      const ParseOptions& options, const SaltOptions& salt = {});
 
 // The top-level "model" of a JSON object body, found without building the document: nested values are
 // skipped over (strings, brackets and nothing else looked at), so a 1 MB embeddings body costs a scan, not a

@@ -58,9 +58,9 @@ TEST(Request, SheddableByPriorityHeaderOrFlexServiceTier) {
 
 TEST(Request, CacheSaltAndTenantSeparateNamespaces) {
   const std::string text(256, 'p');
-  ParseOptions allow;
+  SaltOptions allow;
   allow.allow_client_cache_salt = true;
-  auto salted = [&](const std::string& body) { return parse_request(Endpoint::kCompletions, body, {}, allow); };
+  auto salted = [&](const std::string& body) { return parse_request(Endpoint::kCompletions, body, {}, {}, allow); };
   auto a = salted(R"({"model":"m","prompt":")" + text + R"(","cache_salt":"a"})");
   auto b = salted(R"({"model":"m","prompt":")" + text + R"(","cache_salt":"b"})");
   auto c = completion(R"({"model":"m","prompt":")" + text + R"("})");

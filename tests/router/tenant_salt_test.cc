@@ -49,11 +49,11 @@ json::object sent(const RoutableRequest& r, const std::string& body) {
 }
 
 TEST(TenantRewrite, TheTenantsSaltIsInjectedAndIsTheNamespace) {
-  ParseOptions opt;
-  opt.tenant_salt_secret = "k";
+  SaltOptions opt;
+  opt.secret = "k";
   const std::string body = chat();
-  auto a = parse_request(Endpoint::kChatCompletions, body, tenant("a"), opt);
-  auto b = parse_request(Endpoint::kChatCompletions, body, tenant("b"), opt);
+  auto a = parse_request(Endpoint::kChatCompletions, body, tenant("a"), {}, opt);
+  auto b = parse_request(Endpoint::kChatCompletions, body, tenant("b"), {}, opt);
   ASSERT_TRUE(a && b);
   const std::string salt_a = worker_cache_salt("k", "a", "");
   EXPECT_EQ(sent(*a, body).at("cache_salt").as_string(), salt_a);
@@ -65,19 +65,19 @@ TEST(TenantRewrite, TheTenantsSaltIsInjectedAndIsTheNamespace) {
 }
 
 TEST(TenantRewrite, AClientSaltIsReplacedUnlessAllowed) {
-  ParseOptions opt;
-  opt.tenant_salt_secret = "k";
+  SaltOptions opt;
+  opt.secret = "k";
   const std::string body = chat(R"("cache_salt":"victim-salt",)");
-  auto r = parse_request(Endpoint::kChatCompletions, body, tenant("a"), opt);
+  auto r = parse_request(Endpoint::kChatCompletions, body, tenant("a"), {}, opt);
   ASSERT_TRUE(r);
   EXPECT_EQ(sent(*r, body).at("cache_salt").as_string(), worker_cache_salt("k", "a", ""));
 
   opt.allow_client_cache_salt = true;
-  r = parse_request(Endpoint::kChatCompletions, body, tenant("a"), opt);
+  r = parse_request(Endpoint::kChatCompletions, body, tenant("a"), {}, opt);
   ASSERT_TRUE(r);
   EXPECT_EQ(sent(*r, body).at("cache_salt").as_string(), worker_cache_salt("k", "a", "victim-salt"));
   // Allowed but anonymous: the client's salt is still never sent as it is, so no client can name a tenant's.
-  r = parse_request(Endpoint::kChatCompletions, body, {}, opt);
+  r = parse_request(Endpoint::kChatCompletions, body, {}, {}, opt);
   ASSERT_TRUE(r);
   EXPECT_EQ(sent(*r, body).at("cache_salt").as_string(), worker_cache_salt("k", "", "victim-salt"));
 }
@@ -96,9 +96,9 @@ TEST(TenantRewrite, AnonymousRequestsStayInTheSharedNamespace) {
 }
 
 TEST(TenantRewrite, SaltAndUsageRewritesCombine) {
-  ParseOptions opt;
+  SaltOptions opt;
   const std::string body = R"({"model":"m","stream":true,"prompt":"hello"})";
-  auto r = parse_request(Endpoint::kCompletions, body, tenant("t"), opt);
+  auto r = parse_request(Endpoint::kCompletions, body, tenant("t"), {}, opt);
   ASSERT_TRUE(r);
   const auto o = sent(*r, body);
   EXPECT_TRUE(o.at("stream_options").at("include_usage").as_bool());
@@ -106,7 +106,7 @@ TEST(TenantRewrite, SaltAndUsageRewritesCombine) {
   EXPECT_EQ(o.at("prompt").as_string(), "hello");
 
   const std::string with_options = R"({"model":"m","stream":true,"stream_options":{},"cache_salt":"x","prompt":"p"})";
-  r = parse_request(Endpoint::kCompletions, with_options, tenant("t"), opt);
+  r = parse_request(Endpoint::kCompletions, with_options, tenant("t"), {}, opt);
   ASSERT_TRUE(r);
   const auto o2 = sent(*r, with_options);
   EXPECT_TRUE(o2.at("stream_options").at("include_usage").as_bool());
