@@ -1,4 +1,5 @@
 #include "hashing/block_chain.h"
+#include "hashing/length_prefixed.h"
 
 #include <bit>
 #include <cmath>
@@ -17,14 +18,20 @@ std::uint64_t BlockChain::estimated_tokens() const {
   return static_cast<std::uint64_t>(std::ceil(static_cast<double>(total_units) / kBytesPerToken));
 }
 
+void append_length_prefixed(std::string& out, std::string_view field) {
+  const auto n = static_cast<std::uint32_t>(field.size());
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out.append(field);
+}
+
 std::uint64_t namespace_root(std::string_view model, std::string_view salt) {
+  // Length-prefixed fields: no (model, salt) pair can be spelled as another (docs/hashing.md).
+  static constexpr std::string_view kTag = "kvroute/v2";
   std::string key;
-  key.reserve(12 + model.size() + salt.size());
-  key.append("kvroute/v1");
-  key.push_back('\0');
-  key.append(model);
-  key.push_back('\0');
-  key.append(salt);
+  key.reserve(kTag.size() + 8 + model.size() + salt.size());
+  key.append(kTag);
+  append_length_prefixed(key, model);
+  append_length_prefixed(key, salt);
   return XXH3_64bits_withSeed(key.data(), key.size(), 0);
 }
 

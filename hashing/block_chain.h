@@ -23,7 +23,7 @@ namespace kvroute::hashing {
 using BlockHash = std::uint64_t;
 
 // Version of the spec; bump it (and the golden vectors) on any change to the recipe.
-inline constexpr int kSpecVersion = 1;
+inline constexpr int kSpecVersion = 2;
 inline constexpr std::uint32_t kDefaultBlockTokens = 16;
 inline constexpr std::uint32_t kDefaultBlockBytes = 64;
 // Bytes of English-like text per token, used to express text blocks in tokens.
@@ -44,8 +44,9 @@ struct BlockChain {
   std::uint64_t estimated_tokens() const;
 };
 
-// Root of a namespace: XXH3-64 of "kvroute/v1" 0x00 model 0x00 salt, seed 0. Different (model, salt)
-// pairs never share a block.
+// Root of a namespace: XXH3-64 of "kvroute/v2" u32le(len model) model u32le(len salt) salt, seed 0.
+// Different (model, salt) pairs never share a block. `salt` is the worker-side cache_salt
+// (router/cache_salt.h), empty for the shared namespace.
 std::uint64_t namespace_root(std::string_view model, std::string_view salt);
 
 // Chain over token ids, each hashed as 4 little-endian bytes.

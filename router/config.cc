@@ -56,6 +56,19 @@ std::optional<std::string> parse_bool(const std::string& v, bool& out) {
   return "'" + v + "' is not true or false";
 }
 
+// A secret kept in a file (a mounted Kubernetes Secret): its contents without the final newline.
+std::optional<std::string> read_secret_file(const std::string& path, std::string& out) {
+  std::ifstream in(path);
+  if (!in) return "cannot read '" + path + "'";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string v = ss.str();
+  while (!v.empty() && (v.back() == '\n' || v.back() == '\r')) v.pop_back();
+  if (v.empty()) return "'" + path + "' is empty";
+  out = std::move(v);
+  return std::nullopt;
+}
+
 std::optional<std::string> check_host_port(const std::string& v) {
   auto colon = v.rfind(':');
   if (colon == std::string::npos || colon == 0) return "'" + v + "' must be HOST:PORT";
@@ -243,6 +256,25 @@ const std::vector<Option>& options() {
        INT_OPT(std::size_t, max_sessions, 1, 100'000'000)},
       {"tenant-header", "NAME", "request header naming the tenant; isolates cache namespaces (default x-tenant-id)",
        [](Config& c, const std::string& v) { c.tenant_header = v; return std::optional<std::string>(); }},
+      {"tenant-salt-secret", "SECRET",
+       "key of the HMAC that turns a tenant into the cache_salt sent to the workers, so that no tenant shares "
+       "another's cached prefixes on a worker; replicas of one fleet share it (default: "
+       "$KVROUTE_TENANT_SALT_SECRET, else empty: salts still isolate tenants, but are guessable)",
+       [](Config& c, const std::string& v) { c.tenant_salt_secret = v; return std::optional<std::string>(); }},
+      {"tenant-salt-secret-file", "FILE", "read --tenant-salt-secret from this file (a Kubernetes Secret)",
+       [](Config& c, const std::string& v) { return read_secret_file(v, c.tenant_salt_secret); }},
+      {"allow-client-cache-salt", "BOOL",
+       "mix a cache_salt the client sends into its tenant's salt instead of dropping it (default false)",
+       [](Config& c, const std::string& v) { return parse_bool(v, c.allow_client_cache_salt); }},
+      {"api-keys-file", "FILE",
+       "client API keys, one 'KEY TENANT' per line ('#' comments): a request needs one as a bearer token (else "
+       "401) and its tenant is the key's, never a header's (default: none, no key needed)",
+       [](Config& c, const std::string& v) { c.api_keys_file = v; return std::optional<std::string>(); }},
+      {"admin-token", "TOKEN",
+       "bearer token the admin API requires (default: $KVROUTE_ADMIN_TOKEN; empty: the admin API is open)",
+       [](Config& c, const std::string& v) { c.admin_token = v; return std::optional<std::string>(); }},
+      {"admin-token-file", "FILE", "read --admin-token from this file (a Kubernetes Secret)",
+       [](Config& c, const std::string& v) { return read_secret_file(v, c.admin_token); }},
       {"response-ids", "N",
        "Responses API ids remembered with the worker that stored them, so that a request naming one as "
        "previous_response_id goes there (default 100000; the least recently seen are forgotten first)",
@@ -420,6 +452,8 @@ Result<Config> load_config(int argc, const char* const* argv, bool* help_request
   // A secret is better kept out of the command line and the config file (both readable by others): the
   // environment provides the default.
   if (const char* key = std::getenv("KVROUTE_WORKER_API_KEY")) cfg.worker_api_key = key;
+  if (const char* token = std::getenv("KVROUTE_ADMIN_TOKEN")) cfg.admin_token = token;
+  if (const char* secret = std::getenv("KVROUTE_TENANT_SALT_SECRET")) cfg.tenant_salt_secret = secret;
   // Split "--name=value" and "--name value"; find --config first so flags override the file.
   std::vector<std::pair<std::string, std::string>> flags;
   for (int i = 1; i < argc; ++i) {

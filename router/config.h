@@ -87,6 +87,11 @@ struct Config {
   // room for the index and buffers in the chart's 2 GiB memory limit.
   std::uint64_t max_held_body_bytes = 512ull << 20;
   std::string tenant_header = "x-tenant-id";
+  // Tenant isolation on the workers (router/cache_salt.h) and authentication (router/auth.h).
+  std::string tenant_salt_secret;      // --tenant-salt-secret(-file), $KVROUTE_TENANT_SALT_SECRET
+  bool allow_client_cache_salt = false;
+  std::string api_keys_file;           // empty: clients need no key
+  std::string admin_token;             // --admin-token(-file), $KVROUTE_ADMIN_TOKEN; empty: admin API open
   // Responses API: response ids remembered with the worker that stored them (previous_response_id).
   std::size_t response_ids = 100000;
 

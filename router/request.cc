@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "hashing/chat_canonical.h"
+#include "router/cache_salt.h"
 
 namespace kvroute::router {
 
@@ -91,6 +92,38 @@ json::array chat_tools(const json::array& tools) {
   return out;
 }
 
+// The body sent to the worker: the client's, asking for usage (`ask_usage`) and carrying `salt` as its
+// cache_salt (none when empty), whatever cache_salt the client sent.
+std::string upstream_body(std::string_view body, json::value& doc, bool ask_usage, const std::string& salt) {
+  json::object& obj = doc.as_object();
+  const bool edit_usage = ask_usage && obj.contains("stream_options");
+  if (!edit_usage && !obj.contains("cache_salt")) {
+    // The common case (the OpenAI clients stream without stream_options, and send no cache_salt): splice the
+    // members in after the opening brace instead of serializing the whole document again, which doubled the
+    // parse of an 8K-token request (15.3 µs against 8.4; kvroute-routing-bench BM_ParseStreamRewrite). The
+    // object has at least `model`, so the comma is always followed by a member. The salt is hex: no escapes.
+    constexpr std::string_view kAskUsage = R"("stream_options":{"include_usage":true},)";
+    const std::size_t brace = body.find('{') + 1;
+    std::string out;
+    out.reserve(body.size() + kAskUsage.size() + salt.size() + 16);
+    out.append(body.substr(0, brace));
+    if (ask_usage) out.append(kAskUsage);
+    if (!salt.empty()) out.append(R"("cache_salt":")").append(salt).append("\",");
+    return out.append(body.substr(brace));
+  }
+  if (edit_usage) {
+    json::value& so = obj["stream_options"];
+    if (!so.is_object()) so = json::object();
+    so.as_object()["include_usage"] = true;
+  }
+  if (salt.empty()) {
+    obj.erase("cache_salt");
+  } else {
+    obj["cache_salt"] = salt;
+  }
+  return json::serialize(doc);
+}
+
 }  // namespace
 
 std::string error_json(const Error& e) {
@@ -104,7 +137,7 @@ std::string error_json(const Error& e) {
 }
 
 Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, const RequestHeaders& headers,
-                                      const ParseOptions& options) {
+                                      const ParseOptions& options, const SaltOptions& salt) {
   // The document lives only during this call: its nodes come from a per-thread arena, the heap only past it
   // (an 8K-token chat request parses in 8.5 µs instead of 9.6; docs/overhead.md).
   thread_local std::array<unsigned char, 32 * 1024> arena;
@@ -153,12 +186,15 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
     if (!user->is_string()) return field_error("user", "must be a string");
     if (r.session_key.empty()) r.session_key = user->get_string();
   }
-  r.namespace_salt = std::string(headers.tenant);
-  if (const auto* salt = obj->if_contains("cache_salt"); salt && !salt->is_null()) {
-    if (!salt->is_string()) return field_error("cache_salt", "must be a string");
-    r.namespace_salt += '/';
-    r.namespace_salt += salt->get_string();
+  const json::value* client_salt = obj->if_contains("cache_salt");
+  if (client_salt && !client_salt->is_null() && !client_salt->is_string()) {
+    return field_error("cache_salt", "must be a string");
   }
+  std::string_view admitted;
+  if (client_salt && client_salt->is_string() && salt.allow_client_cache_salt) {
+    admitted = client_salt->get_string();
+  }
+  r.namespace_salt = worker_cache_salt(salt.secret, headers.tenant, admitted);
   const std::uint64_t root = hashing::namespace_root(r.model, r.namespace_salt);
 
   if (endpoint == Endpoint::kChatCompletions || endpoint == Endpoint::kResponses) {
@@ -232,24 +268,10 @@ Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, 
   r.prompt_tokens = r.chain.estimated_tokens();
   if (!r.tokenize_body.empty()) r.tokenize_key = XXH3_64bits(r.tokenize_body.data(), r.tokenize_body.size());
   // The Responses API always ends a stream with its usage (in response.completed).
-  if (r.stream && !r.include_usage && endpoint != Endpoint::kResponses) {
-    // Usage feeds the router's truth metrics and learning; the client still gets the stream it asked for.
-    r.strip_usage = true;
-    if (!obj->contains("stream_options")) {
-      // The common case (the OpenAI clients stream without stream_options): splice the member in after the
-      // opening brace instead of serializing the whole document again, which doubled the parse of an
-      // 8K-token request (15.3 µs against 8.4; kvroute-routing-bench BM_ParseStreamRewrite). The object has
-      // at least `model`, so the comma is always followed by a member.
-      constexpr std::string_view kAskUsage = R"("stream_options":{"include_usage":true},)";
-      const std::size_t brace = body.find('{') + 1;
-      r.upstream_body.reserve(body.size() + kAskUsage.size());
-      r.upstream_body.append(body.substr(0, brace)).append(kAskUsage).append(body.substr(brace));
-    } else {
-      json::value& so = doc.as_object()["stream_options"];
-      if (!so.is_object()) so = json::object();
-      so.as_object()["include_usage"] = true;
-      r.upstream_body = json::serialize(doc);
-    }
+  // Usage feeds the router's truth metrics and learning; the client still gets the stream it asked for.
+  r.strip_usage = r.stream && !r.include_usage && endpoint != Endpoint::kResponses;
+  if (r.strip_usage || client_salt || !r.namespace_salt.empty()) {
+    r.upstream_body = upstream_body(body, doc, r.strip_usage, r.namespace_salt);
   }
   return r;
 }

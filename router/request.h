@@ -34,6 +34,14 @@ struct ParseOptions {
   bool tokenize = false;  // text requests also get the body of a /tokenize call (tokenize_body)
 };
 
+// Tenant isolation on the workers (router/cache_salt.h): the body sent on carries the tenant's cache_salt,
+// keyed with `secret` (--tenant-salt-secret), in place of any the client sent; with allow_client_cache_salt
+// the client's salt is mixed into it instead of being dropped.
+struct SaltOptions {
+  std::string_view secret;
+  bool allow_client_cache_salt = false;
+};
+
 struct RoutableRequest {
   Endpoint endpoint = Endpoint::kChatCompletions;
   std::string model;
@@ -46,14 +54,14 @@ struct RoutableRequest {
   // May be refused (429) while every worker that could serve it is saturated: the priority header says
   // "sheddable", or the body asks for OpenAI's "flex" service tier (which may answer 429 when capacity is short).
   bool sheddable = false;
-  std::string namespace_salt;      // tenant header and/or cache_salt
+  std::string namespace_salt;      // the worker-side cache_salt (router/cache_salt.h); empty: shared namespace
   std::string affinity_key;        // model + first 100 characters of the first user message (or prompt)
   hashing::BlockChain chain;
   std::uint64_t prompt_tokens = 0; // exact for token-id prompts, estimated for text
   // A streamed request whose client did not ask for usage: the router asks the worker for it anyway
   // (upstream_body is the rewritten body) and removes the extra usage event from what the client receives.
   bool strip_usage = false;
-  std::string upstream_body;       // empty: forward the client's body unchanged
+  std::string upstream_body;       // empty: forward the client's body unchanged (no usage asked, no salt)
   // With ParseOptions::tokenize, for text prompts: the body to POST to a worker's /tokenize (vLLM's shape)
   // and its hash (the tokenize cache's key). Empty when the request already carries token ids.
   std::string tokenize_body;
@@ -64,7 +72,7 @@ struct RoutableRequest {
 void use_token_ids(RoutableRequest& request, const std::vector<std::uint32_t>& tokens, std::uint32_t block_tokens);
 
 Result<RoutableRequest> parse_request(Endpoint endpoint, std::string_view body, const RequestHeaders& headers,
-                                      const ParseOptions& options);
+                                      const ParseOptions& options, const SaltOptions& salt = {});
 
 // The top-level "model" of a JSON object body, found without building the document: nested values are
 // skipped over (strings, brackets and nothing else looked at), so a 1 MB embeddings body costs a scan, not a

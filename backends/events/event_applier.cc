@@ -105,7 +105,10 @@ void KvEventApplier::apply_stored(const KvEventBatch& batch, const KvEvent& e, R
     return;
   }
   std::uint64_t parent = 0;
-  if (!e.has_parent) {
+  if (!e.has_parent && !e.cache_salt.empty()) {
+    // A salted prompt (a tenant's, router/cache_salt.h): the same namespace the router hashed it under.
+    parent = hashing::namespace_root(e.lora_name.empty() ? opt_.model : e.lora_name, e.cache_salt);
+  } else if (!e.has_parent) {
     parent = root_for(e.lora_name);
   } else {
     const EngineBlock* pb = rank.blocks.find(e.parent_block_hash);

@@ -4,6 +4,7 @@
 // vLLM's block hash is seeded per deployment, so the router cannot recompute it. Instead every stored block
 // is keyed by kvroute's hash of the block's token ids, chained exactly like hashing::hash_tokens():
 //   root      = hashing::namespace_root(lora_name if the event has one else the worker's model, salt)
+//               salt: the event's cache_salt (vLLM's first-block extra key) if it has one, else options.salt
 //   own[i]    = hashing::hash_block(own[i-1], token ids of block i as little-endian uint32)
 //   own[-1]   = the own hash mapped from the event's parent_block_hash, or root when it is nil.
 // A map engine hash -> own hash (per data-parallel rank) resolves parents and applies BlockRemoved.

@@ -42,6 +42,9 @@ struct KvEvent {
   std::uint32_t block_size = 0;         // tokens per engine block (BlockStored)
   std::int64_t group_idx = 0;           // KV cache group (hybrid models); 0 by default
   std::string lora_name;                // empty: the base model
+  // BlockStored: the cache_salt in the first block's extra keys (vLLM mixes it into the hash of the block
+  // that starts a prompt only); empty: none. The applier roots a salted chain in the salt's namespace.
+  std::string cache_salt;
 };
 
 struct KvEventBatch {
@@ -64,7 +67,7 @@ struct KvEventBatch {
   // Builders (tests, the simulated worker's publisher). tokens.size() must be hashes.size() x block_size.
   KvEvent& add_stored(std::span<const std::uint64_t> hashes, std::optional<std::uint64_t> parent,
                       std::span<const std::uint32_t> tokens, std::uint32_t block_size, Medium medium = Medium::kGpu,
-                      std::string_view lora_name = {}) {
+                      std::string_view lora_name = {}, std::string_view cache_salt = {}) {
     KvEvent& e = add(KvEventType::kBlockStored, hashes, medium);
     e.has_parent = parent.has_value();
     e.parent_block_hash = parent.value_or(0);
@@ -73,6 +76,7 @@ struct KvEventBatch {
     token_ids.insert(token_ids.end(), tokens.begin(), tokens.end());
     e.block_size = block_size;
     e.lora_name.assign(lora_name);
+    e.cache_salt.assign(cache_salt);
     return e;
   }
   KvEvent& add_removed(std::span<const std::uint64_t> hashes, Medium medium = Medium::kGpu) {

@@ -129,7 +129,8 @@ bool parse_line(std::string_view line, MetricSample& s) {
     } else {
       // OpenMetrics timestamps are seconds with a fraction.
       double d = 0;
-      if (!parse_value(ts, d) || !std::isfinite(d)) return false;
+      // Beyond +-9.2e15 s the milliseconds do not fit an int64 (converting them would be undefined): malformed.
+      if (!parse_value(ts, d) || !std::isfinite(d) || std::fabs(d) >= 9.2e15) return false;
       s.timestamp_ms = static_cast<std::int64_t>(d * 1000.0);
     }
     skip_blanks(line, i);

@@ -65,6 +65,7 @@ Result<Decoded> NativeDecoder::decode(std::span<const std::uint8_t> payload, con
         e.block_size = s.block_size();
         e.medium = medium_of(s.medium());
         e.lora_name = s.lora_name();
+        e.cache_salt = s.cache_salt();
         e.group_idx = s.group_idx();
         e.hashes_begin = static_cast<std::uint32_t>(out.block_hashes.size());
         e.hashes_count = static_cast<std::uint32_t>(s.block_hashes_size());
@@ -135,6 +136,7 @@ std::string encode_native_batch(const KvEventBatch& batch, const WorkerTelemetry
         s->set_medium(medium_to(e.medium));
         s->set_lora_name(e.lora_name);
         s->set_group_idx(e.group_idx);
+        if (!e.cache_salt.empty()) s->set_cache_salt(e.cache_salt);
         break;
       }
       case KvEventType::kBlockRemoved: {

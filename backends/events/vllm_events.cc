@@ -22,6 +22,7 @@ struct RawEvent {
   bool has_hashes = false;
   bool has_tokens = false;
   bool has_block_size = false;
+  std::vector<std::string_view> first_keys;  // the string members of extra_keys[0], in order
   KvEvent ev;
 };
 
@@ -210,11 +211,35 @@ class Decoder {
     return r_.read_str(s);
   }
 
-  bool read_extra_keys() {
-    // One entry per block (nil or a tuple of multimodal hashes, LoRA and cache-salt keys); not applied.
+  bool read_extra_keys(RawEvent& e) {
+    // One entry per block, nil or a tuple: vLLM's generate_block_hash_extra_keys (vllm/v1/core/kv_cache_utils.py)
+    // puts the LoRA name first, then multimodal keys, then the request's cache_salt on the block that starts
+    // the prompt only, then prompt-embedding digests (bytes). Only the first entry's strings are kept.
     if (r_.try_nil()) return true;
+    std::uint32_t n = 0;
     if (r_.peek() != MsgType::kArray) return fail("extra_keys must be nil or an array");
-    return r_.skip();
+    if (!r_.read_array_header(n)) return false;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (i > 0) {
+        if (!r_.skip()) return false;
+        continue;
+      }
+      if (r_.try_nil()) continue;
+      std::uint32_t k = 0;
+      if (r_.peek() != MsgType::kArray) return fail("an extra_keys entry must be nil or an array");
+      if (!r_.read_array_header(k)) return false;
+      for (std::uint32_t j = 0; j < k; ++j) {
+        std::string_view s;
+        if (r_.peek() != MsgType::kStr) {
+          if (!r_.skip()) return false;
+        } else if (!r_.read_str(s)) {
+          return false;
+        } else if (e.first_keys.size() < 16) {
+          e.first_keys.push_back(s);
+        }
+      }
+    }
+    return true;
   }
 
   bool read_group_idx(RawEvent& e) { return r_.read_int(e.ev.group_idx); }
@@ -256,7 +281,7 @@ class Decoder {
         if (fields > 4 && !read_nil_or_int()) return false;  // lora_id (deprecated)
         if (fields > 5 && !read_medium(e)) return false;
         if (fields > 6 && !read_lora_name(e)) return false;
-        if (fields > 7 && !read_extra_keys()) return false;
+        if (fields > 7 && !read_extra_keys(e)) return false;
         if (fields > 8 && !read_group_idx(e)) return false;
         if (fields > 9 && !read_nil_or_str()) return false;  // kv_cache_spec_kind
         if (fields > 10 && !read_nil_or_int()) return false;  // kv_cache_spec_sliding_window
@@ -306,7 +331,7 @@ class Decoder {
       } else if (key == "kv_cache_spec_kind") {
         okv = read_nil_or_str();
       } else if (key == "extra_keys") {
-        okv = read_extra_keys();
+        okv = read_extra_keys(e);
       } else if (key == "group_idx") {
         okv = read_group_idx(e);
       } else {
@@ -343,6 +368,15 @@ class Decoder {
         static_cast<std::uint64_t>(e.ev.hashes_count) * e.ev.block_size != e.ev.tokens_count) {
       return fail("BlockStored has " + std::to_string(e.ev.tokens_count) + " token ids for " +
                   std::to_string(e.ev.hashes_count) + " blocks of " + std::to_string(e.ev.block_size));
+    }
+    if (e.ev.type == KvEventType::kBlockStored && !e.first_keys.empty()) {
+      // The salt is the last string after the LoRA name (multimodal keys of current vLLM are tuples).
+      auto keys = std::span(e.first_keys);
+      if (!e.ev.lora_name.empty() && keys.front() == e.ev.lora_name) keys = keys.subspan(1);
+      if (!keys.empty()) {
+        if (keys.back().size() > 1024) return fail("cache_salt longer than 1024 bytes");
+        e.ev.cache_salt.assign(keys.back());
+      }
     }
     out_.events.push_back(std::move(e.ev));
     return true;
@@ -389,19 +423,37 @@ void write_tokens(MsgpackWriter& w, std::span<const std::uint32_t> ts) {
   for (std::uint32_t t : ts) w.u64(t);
 }
 
+// extra_keys as vLLM fills them for a salted prompt: one entry per block, (lora_name, cache_salt) for the
+// first, (lora_name) or nil for the others.
+void write_extra_keys(MsgpackWriter& w, const KvEvent& e) {
+  w.array(e.hashes_count);
+  for (std::uint32_t i = 0; i < e.hashes_count; ++i) {
+    const std::uint32_t n = (e.lora_name.empty() ? 0 : 1) + (i == 0 ? 1 : 0);
+    if (n == 0) {
+      w.nil();
+      continue;
+    }
+    w.array(n);
+    if (!e.lora_name.empty()) w.str(e.lora_name);
+    if (i == 0) w.str(e.cache_salt);
+  }
+}
+
 void write_positional(MsgpackWriter& w, const KvEventBatch& b, const KvEvent& e) {
   switch (e.type) {
     case KvEventType::kBlockStored: {
       // Fields after lora_name are left out when they equal their defaults, as msgspec does.
       const bool group = e.group_idx != 0;
-      w.array(group ? 10 : 8).str("BlockStored");
+      const bool salted = !e.cache_salt.empty();
+      w.array(group ? 10 : salted ? 9 : 8).str("BlockStored");
       write_hashes(w, b.hashes_of(e));
       if (e.has_parent) w.u64(e.parent_block_hash); else w.nil();
       write_tokens(w, b.tokens_of(e));
       w.u64(e.block_size).nil();
       write_medium(w, e.medium);
       if (e.lora_name.empty()) w.nil(); else w.str(e.lora_name);
-      if (group) w.nil().i64(e.group_idx);
+      if (salted) write_extra_keys(w, e); else if (group) w.nil();
+      if (group) w.i64(e.group_idx);
       break;
     }
     case KvEventType::kBlockRemoved: {
@@ -424,7 +476,8 @@ void write_map(MsgpackWriter& w, const KvEventBatch& b, const KvEvent& e, bool o
     case KvEventType::kBlockStored: {
       const bool lora = !e.lora_name.empty() || !omit_defaults;
       const bool group = e.group_idx != 0 || !omit_defaults;
-      w.map(7 + (lora ? 1 : 0) + (group ? 1 : 0));
+      const bool salted = !e.cache_salt.empty();
+      w.map(7 + (lora ? 1 : 0) + (group ? 1 : 0) + (salted ? 1 : 0));
       w.str("type").str("BlockStored");
       w.str("block_hashes");
       write_hashes(w, b.hashes_of(e));
@@ -440,6 +493,7 @@ void write_map(MsgpackWriter& w, const KvEventBatch& b, const KvEvent& e, bool o
         w.str("lora_name");
         if (e.lora_name.empty()) w.nil(); else w.str(e.lora_name);
       }
+      if (salted) write_extra_keys(w.str("extra_keys"), e);
       if (group) w.str("group_idx").i64(e.group_idx);
       break;
     }

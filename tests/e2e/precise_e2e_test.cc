@@ -16,18 +16,6 @@ namespace {
 namespace json = boost::json;
 using namespace std::chrono_literals;
 
-// The sum of a metric's samples: `name` with or without labels, or one labelled series when `name` has them.
-double metric_sum(const std::string& text, const std::string& name) {
-  double sum = 0;
-  for (std::size_t pos = text.find("\n" + name); pos != std::string::npos; pos = text.find("\n" + name, pos + 1)) {
-    const char next = pos + 1 + name.size() < text.size() ? text[pos + 1 + name.size()] : '\n';
-    if (next != ' ' && next != '{') continue;  // another metric whose name starts the same
-    const auto space = text.find(' ', next == '{' ? text.find('}', pos) : pos + 1);
-    sum += std::stod(text.substr(space + 1, text.find('\n', space) - space - 1));
-  }
-  return sum;
-}
-
 std::set<std::string> strings(const json::value& v, std::initializer_list<const char*> keys) {
   std::set<std::string> out;
   for (const char* k : keys) {

@@ -14,19 +14,19 @@ std::vector<std::uint32_t> iota_tokens(std::size_t n, std::uint32_t start = 0) {
   return t;
 }
 
-// Golden vectors of docs/hashing.md (spec version 1). A change here is a change of the wire spec.
+// Golden vectors of docs/hashing.md (spec version 2). A change here is a change of the wire spec.
 TEST(BlockChainGolden, NamespaceRoots) {
-  EXPECT_EQ(namespace_root("", ""), 0x8af8828130daea83ull);
-  EXPECT_EQ(namespace_root("qwen3-8b", ""), 0xd4b727b8c8ea7c79ull);
-  EXPECT_EQ(namespace_root("qwen3-8b", "tenant-a"), 0x8a507c0af6138111ull);
+  EXPECT_EQ(namespace_root("", ""), 0xc226ca54297d5498ull);
+  EXPECT_EQ(namespace_root("qwen3-8b", ""), 0x6356a285bb8441c7ull);
+  EXPECT_EQ(namespace_root("qwen3-8b", "tenant-a"), 0xc1072f1d2437a49full);
 }
 
 TEST(BlockChainGolden, TokenChain) {
   const auto tokens = iota_tokens(40);  // 2 full blocks of 16, 8-token tail ignored
   const BlockChain c = hash_tokens(namespace_root("qwen3-8b", ""), tokens);
   ASSERT_EQ(c.hashes.size(), 2u);
-  EXPECT_EQ(c.hashes[0], 0xc5d58a35844ffc03ull);
-  EXPECT_EQ(c.hashes[1], 0x2a227f1193136002ull);
+  EXPECT_EQ(c.hashes[0], 0x01cd618971619346ull);
+  EXPECT_EQ(c.hashes[1], 0xab017542b923e683ull);
   EXPECT_EQ(c.total_units, 40u);
   EXPECT_EQ(c.estimated_tokens(), 40u);
 }
@@ -35,8 +35,8 @@ TEST(BlockChainGolden, TextChain) {
   const std::string text(130, 'a');  // 2 full blocks of 64 bytes, 2-byte tail ignored
   const BlockChain c = hash_text(namespace_root("qwen3-8b", ""), text);
   ASSERT_EQ(c.hashes.size(), 2u);
-  EXPECT_EQ(c.hashes[0], 0xc0f013a8a5baf68full);
-  EXPECT_EQ(c.hashes[1], 0x6dff1fbe441932e0ull);
+  EXPECT_EQ(c.hashes[0], 0xb1d48be1e2678464ull);
+  EXPECT_EQ(c.hashes[1], 0xef808941df9c38eaull);
   EXPECT_EQ(c.estimated_tokens(), 33u);  // ceil(130 / 4)
 }
 
@@ -72,8 +72,12 @@ TEST(BlockChain, NamespaceIsolation) {
   // ... and neither do two models.
   const BlockChain c = hash_text(namespace_root("m2", "salt-1"), prompt);
   EXPECT_NE(a.hashes[0], c.hashes[0]);
-  // The separator keeps ("ab", "") and ("a", "b") apart.
+  // Length-prefixed fields keep ("ab", "") and ("a", "b") apart, and a NUL byte inside a field cannot
+  // stand in for a field boundary (spec version 1 joined the fields with NUL separators).
   EXPECT_NE(namespace_root("ab", ""), namespace_root("a", "b"));
+  EXPECT_NE(namespace_root(std::string_view("a\0b", 3), ""), namespace_root("a", std::string_view("b\0", 2)));
+  EXPECT_NE(namespace_root("a/s", ""), namespace_root("a", "s"));
+  EXPECT_EQ(kSpecVersion, 2);
 }
 
 TEST(BlockChain, ShortPromptHasNoBlocks) {

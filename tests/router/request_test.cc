@@ -58,12 +58,19 @@ TEST(Request, SheddableByPriorityHeaderOrFlexServiceTier) {
 
 TEST(Request, CacheSaltAndTenantSeparateNamespaces) {
   const std::string text(256, 'p');
-  auto a = completion(R"({"model":"m","prompt":")" + text + R"(","cache_salt":"a"})");
-  auto b = completion(R"({"model":"m","prompt":")" + text + R"(","cache_salt":"b"})");
+  SaltOptions allow;
+  allow.allow_client_cache_salt = true;
+  auto salted = [&](const std::string& body) { return parse_request(Endpoint::kCompletions, body, {}, {}, allow); };
+  auto a = salted(R"({"model":"m","prompt":")" + text + R"(","cache_salt":"a"})");
+  auto b = salted(R"({"model":"m","prompt":")" + text + R"(","cache_salt":"b"})");
   auto c = completion(R"({"model":"m","prompt":")" + text + R"("})");
   ASSERT_TRUE(a && b && c);
   EXPECT_NE(a->chain.hashes[0], b->chain.hashes[0]);
   EXPECT_NE(a->chain.hashes[0], c->chain.hashes[0]);
+  // Without --allow-client-cache-salt a client's salt is dropped: the shared namespace.
+  auto dropped = completion(R"({"model":"m","prompt":")" + text + R"(","cache_salt":"a"})");
+  ASSERT_TRUE(dropped);
+  EXPECT_EQ(dropped->chain.hashes[0], c->chain.hashes[0]);
   auto t1 = parse_request(Endpoint::kCompletions, R"({"model":"m","prompt":")" + text + R"("})", {"", "tenant-1"}, {});
   ASSERT_TRUE(t1);
   EXPECT_NE(t1->chain.hashes[0], c->chain.hashes[0]);

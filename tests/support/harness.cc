@@ -226,4 +226,15 @@ std::string raw_exchange(int port, const std::string& bytes, std::chrono::millis
   return out;
 }
 
+double metric_sum(const std::string& text, const std::string& name) {
+  double sum = 0;
+  for (std::size_t pos = text.find("\n" + name); pos != std::string::npos; pos = text.find("\n" + name, pos + 1)) {
+    const char next = pos + 1 + name.size() < text.size() ? text[pos + 1 + name.size()] : '\n';
+    if (next != ' ' && next != '{') continue;  // another metric whose name starts the same
+    const auto space = text.find(' ', next == '{' ? text.find('}', pos) : pos + 1);
+    sum += std::stod(text.substr(space + 1, text.find('\n', space) - space - 1));
+  }
+  return sum;
+}
+
 }  // namespace kvroute::test

@@ -59,6 +59,10 @@ HttpResponse http_stream(int port, const std::string& method, const std::string&
                          const std::map<std::string, std::string>& headers,
                          const std::function<void(const std::string&, std::chrono::steady_clock::time_point)>& on_piece);
 
+// The sum of a metric's samples in Prometheus text: `name` with or without labels, or one labelled series
+// when `name` has them.
+double metric_sum(const std::string& text, const std::string& name);
+
 // Raw bytes to a port; returns what the server answered until it closed or `timeout` passed.
 std::string raw_exchange(int port, const std::string& bytes, std::chrono::milliseconds timeout = std::chrono::seconds(5));
 

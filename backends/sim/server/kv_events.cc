@@ -28,19 +28,21 @@ events::Medium native_medium(std::string_view medium) {
 
 void KvEventBatch::stored(std::span<const std::uint64_t> block_hashes, std::optional<std::uint64_t> parent,
                           std::span<const std::uint32_t> token_ids, std::uint32_t block_size,
-                          std::string_view medium, std::string_view lora_name) {
+                          std::string_view medium, std::string_view lora_name, std::string_view cache_salt) {
+  const bool salted = !cache_salt.empty() && !parent;
   if (encoding_ == KvEventEncoding::kNative) {
-    native_.add_stored(block_hashes, parent, token_ids, block_size, native_medium(medium), lora_name);
+    native_.add_stored(block_hashes, parent, token_ids, block_size, native_medium(medium), lora_name,
+                       salted ? cache_salt : std::string_view());
     ++count_;
     return;
   }
   auto& w = events_;
   const bool map = encoding_ == KvEventEncoding::kMap;
   if (map) {
-    w.map(8);
+    w.map(salted ? 9 : 8);
     w.str("type");
   } else {
-    w.array(8);
+    w.array(salted ? 9 : 8);
   }
   w.str("BlockStored");
   if (map) w.str("block_hashes");
@@ -60,6 +62,21 @@ void KvEventBatch::stored(std::span<const std::uint64_t> block_hashes, std::opti
   if (map) w.str("lora_name");
   if (lora_name.empty()) w.nil();
   else w.str(lora_name);
+  if (salted) {
+    // vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys: LoRA keys, then cache_salt on block 0.
+    if (map) w.str("extra_keys");
+    w.array(block_hashes.size());
+    for (std::size_t b = 0; b < block_hashes.size(); ++b) {
+      const std::size_t n = (lora_name.empty() ? 0 : 1) + (b == 0 ? 1 : 0);
+      if (n == 0) {
+        w.nil();
+        continue;
+      }
+      w.array(n);
+      if (!lora_name.empty()) w.str(lora_name);
+      if (b == 0) w.str(cache_salt);
+    }
+  }
   ++count_;
 }
 

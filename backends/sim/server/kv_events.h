@@ -7,11 +7,12 @@
 //   - payload is one EventBatch per engine advance that changed the cache, in one of three encodings:
 //       positional (vLLM <= 0.23):  [ts, [event...], data_parallel_rank]
 //                                   event = ["BlockStored", block_hashes, parent_block_hash, token_ids,
-//                                            block_size, lora_id, medium, lora_name]
+//                                            block_size, lora_id, medium, lora_name(, extra_keys)]
 //                                         | ["BlockRemoved", block_hashes, medium] | ["AllBlocksCleared"]
 //       map (current vLLM):         {"ts", "events", "data_parallel_rank"}, events as maps with "type";
-//                                   fields that have defaults in vLLM (extra_keys, group_idx, kv_cache_spec_*)
-//                                   are left out because ours always equal the defaults.
+//                                   fields that have defaults in vLLM (group_idx, kv_cache_spec_*) are left
+//                                   out because ours always equal the defaults; extra_keys is sent for a
+//                                   salted prompt's first blocks only (cache_salt, as vLLM does).
 //       native:                     a serialized kvroute.v1.EventBatch (events::encode_native_batch) with the
 //                                   same events, optionally a LoadReport as the last event, and `seq` repeated
 //                                   in the payload. The topic must start with "kvroute.v1".
@@ -59,10 +60,12 @@ enum class KvEventEncoding {
 class KvEventBatch {
  public:
   explicit KvEventBatch(KvEventEncoding encoding) : encoding_(encoding) {}
-  // `lora_name`: the LoRA adapter the blocks were computed under (empty: the base model).
+  // `lora_name`: the LoRA adapter the blocks were computed under (empty: the base model). `cache_salt`: the
+  // salt of the request whose prompt starts at the first block (parent nil); it goes into extra_keys as vLLM
+  // sends it: one entry per block, the first (lora_name, cache_salt), the others (lora_name) or nil.
   void stored(std::span<const std::uint64_t> block_hashes, std::optional<std::uint64_t> parent,
               std::span<const std::uint32_t> token_ids, std::uint32_t block_size, std::string_view medium,
-              std::string_view lora_name = {});
+              std::string_view lora_name = {}, std::string_view cache_salt = {});
   void removed(std::span<const std::uint64_t> block_hashes, std::string_view medium);
   void cleared();
 

@@ -100,12 +100,17 @@ class SimWorker::Sink : public EngineSink {
         const auto& toks = req->second.tokens;
         if (begin + bt <= toks.size()) entry.tokens.assign(toks.begin() + begin, toks.begin() + begin + bt);
         entry.lora = req->second.lora;
+        // vLLM mixes cache_salt into the prompt's first block only, and publishes it in that block's extra keys.
+        if (first_block_index + k == 0) entry.salt = req->second.cache_salt;
       }
-      if (k == 0) lora_ = entry.lora;  // one request's blocks: one namespace
+      if (k == 0) {
+        lora_ = entry.lora;  // one request's blocks: one namespace
+        salt_ = parent ? std::string() : entry.salt;
+      }
       entry.media |= static_cast<std::uint8_t>(1u << static_cast<unsigned>(medium));
       tokens_.insert(tokens_.end(), entry.tokens.begin(), entry.tokens.end());
     }
-    if (w_.publisher_) batch_.stored(hashes, parent, tokens_, bt, medium_name(medium), lora_);
+    if (w_.publisher_) batch_.stored(hashes, parent, tokens_, bt, medium_name(medium), lora_, salt_);
   }
   void on_blocks_removed(std::span<const std::uint64_t> hashes, Medium medium, double) override {
     for (std::uint64_t h : hashes) {
@@ -128,6 +133,7 @@ class SimWorker::Sink : public EngineSink {
   KvEventBatch batch_;
   std::vector<std::uint32_t> tokens_;
   std::string lora_;
+  std::string salt_;
 };
 
 Result<std::shared_ptr<SimWorker>> SimWorker::create(net::io_context& io, SimWorkerConfig config) {
@@ -243,6 +249,7 @@ Result<SimWorker::Submitted> SimWorker::submit(ApiRequest request, std::shared_p
   f.observer = std::move(observer);
   f.prompt_tokens = static_cast<std::uint32_t>(request.prompt_tokens.size());
   f.lora = request.lora;
+  f.cache_salt = request.cache_salt;
   f.tokens = std::move(request.prompt_tokens);
   const std::uint64_t fingerprint = prompt_fingerprint(f.tokens, config_.seed);
   // The output is known in advance (deterministic), so the chain covers prompt + output and the engine

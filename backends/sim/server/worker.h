@@ -160,6 +160,7 @@ class SimWorker : public std::enable_shared_from_this<SimWorker> {
   struct Inflight {
     std::shared_ptr<RequestObserver> observer;
     std::string lora;                   // the adapter the request runs with; empty: the base model
+    std::string cache_salt;             // the request's cache_salt; empty: none
     std::vector<std::uint32_t> tokens;  // prompt + output, the source of BlockStored token_ids
     double submitted_at = 0;            // engine time
     std::uint32_t prompt_tokens = 0;
@@ -171,6 +172,7 @@ class SimWorker : public std::enable_shared_from_this<SimWorker> {
     std::vector<std::uint32_t> tokens;
     std::uint8_t media = 0;
     std::string lora;  // the adapter whose namespace the block is in (BlockStored's lora_name)
+    std::string salt;  // the cache_salt of a prompt's first block (BlockStored's extra_keys[0]); else empty
   };
   std::unordered_map<std::uint64_t, BlockTokens> block_tokens_;
   ResponseStore responses_;
