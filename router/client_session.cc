@@ -1,5 +1,7 @@
 #include "router/client_session.h"
 
+#include "router/http_hygiene.h"
+
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -42,6 +44,7 @@ void ClientSession::run(std::unique_ptr<RequestHandler> handler) {
 void ClientSession::do_read() {
   end_request();
   continue_sent_ = false;
+  head_checked_ = false;
   parser_.emplace();
   parser_->header_limit(kHeaderLimit);
   parser_->body_limit(opt_.max_body_bytes);
@@ -61,6 +64,16 @@ void ClientSession::read_request() {
       break;
     }
     if (ec || n == 0) break;
+  }
+  if (!ec && parser_->is_header_done() && !head_checked_) {
+    // Framing Beast 1.81 accepts but RFC 9112 sections 6.1 and 6.3 do not (a smuggling vector): answered and
+    // closed before a byte of the body is read.
+    head_checked_ = true;
+    if (auto bad = check_request_head(parser_->get().base())) {
+      reading_ = false;
+      close_after_ = true;
+      return answer_error(*bad);
+    }
   }
   if (!ec && parser_->is_header_done() && !reserve_body()) return wait_for_body_budget();
   if (ec || parser_->is_done()) return on_read(ec);
@@ -133,6 +146,12 @@ void ClientSession::on_read(beast::error_code ec) {
     return answer_error(*failure);
   }
   req_ = parser_->release();
+  auto target = normalize_target(req_.target());  // "/v1/../admin/workers" never reaches a worker as sent
+  if (!target) {
+    close_after_ = true;
+    return answer_error(target.error());
+  }
+  req_.target(*target);
   close_after_ = !req_.keep_alive() || drain_->draining;
   counted_ = true;
   ++drain_->active;

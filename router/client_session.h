@@ -112,6 +112,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   std::optional<http::request_parser<http::string_body>> parser_;
   bool reading_ = false;             // a request is being read (the idle timeout applies)
   bool continue_sent_ = false;       // "100 Continue" answered this request's Expect
+  bool head_checked_ = false;        // check_request_head() has passed this request's head
   std::uint64_t body_reserved_ = 0;  // this request's share of --max-held-body-bytes (grows as its body is read)
   bool budget_waited_ = false;       // counted in kvroute_body_budget_waits_total
   std::optional<boost::asio::steady_timer> budget_timer_;

@@ -1,4 +1,5 @@
 #include "router/exchange.h"
+#include "router/http_hygiene.h"
 
 #include <cstdio>
 
@@ -43,8 +44,11 @@ void Exchange::build_request_head(std::string_view body) {
   up_head_.push_back(' ');
   up_head_.append(req.target());
   up_head_.append(" HTTP/1.1\r\n");
+  // Hop-by-hop fields, and every field the client's Connection header names, stay on this hop (RFC 9110
+  // section 7.6.1).
+  const HopByHopFilter hop(req.base());
   for (const auto& f : req) {
-    if (!hop_by_hop(f.name(), f.name_string()) && !beast::iequals(f.name_string(), "x-request-id")) {
+    if (!hop(f.name_string()) && !beast::iequals(f.name_string(), "x-request-id")) {
       append_field(up_head_, f.name_string(), f.value());
     }
   }

@@ -20,7 +20,8 @@ AdminSession::AdminSession(tcp::socket&& socket, Services& svc)
       svc_(svc),
       drain_(svc.drain),
       max_body_bytes_(svc.config.max_body_bytes),
-      idle_timeout_s_(svc.config.client_idle_timeout_s) {}
+      idle_timeout_s_(svc.config.client_idle_timeout_s),
+      auth_(svc.config.admin_token) {}
 
 void AdminSession::run() {
   asio::dispatch(stream_.get_executor(), beast::bind_front_handler(&AdminSession::do_read, shared_from_this()));
@@ -64,6 +65,17 @@ void AdminSession::on_read(beast::error_code ec) {
   req_ = parser_->release();
   close_after_ = !req_.keep_alive() || drain_->draining;
   request_id_ = request_id_of(req_);
+  // Probes and Prometheus read /health, /ready and /metrics without a token; everything else (which can add a
+  // worker and so redirect client traffic) needs --admin-token when one is set.
+  const std::string_view target = req_.target();
+  const std::string_view path = target.substr(0, target.find('?'));
+  if (path != "/metrics" && path != "/health" && path != "/ready") {
+    if (auto denied = auth_.check(req_[http::field::authorization])) {
+      auto res = error_response(*denied);
+      res->set(http::field::www_authenticate, "Bearer");
+      return answer(res);
+    }
+  }
   answer(serve(req_, svc_));
 }
 

@@ -18,6 +18,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/parser.hpp>
 
+#include "router/auth.h"
 #include "router/http_util.h"
 #include "router/services.h"
 
@@ -41,6 +42,7 @@ class AdminSession : public std::enable_shared_from_this<AdminSession> {
   std::shared_ptr<DrainState> drain_;  // the session may outlive svc_ (see Services::drain)
   const std::uint64_t max_body_bytes_;
   const double idle_timeout_s_;
+  const AdminAuth auth_;  // --admin-token; empty: open
   boost::beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   StringRequest req_;

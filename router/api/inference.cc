@@ -45,7 +45,8 @@ void ApiHandler::handle_routed(Endpoint endpoint) {
   RequestHeaders headers{req[svc_.config.session_header], req[svc_.config.tenant_header],
                          req[svc_.config.priority_header]};
   auto parsed = parse_request(endpoint, req.body(), headers,
-                              ParseOptions{svc_.config.block_tokens, svc_.config.block_bytes, want_tokenize()});
+                              ParseOptions{svc_.config.block_tokens, svc_.config.block_bytes, want_tokenize()},
+                              SaltOptions{svc_.config.tenant_salt_secret, svc_.config.allow_client_cache_salt});
   if (!parsed) {
     svc_.metrics.error("bad_request");
     return session_.answer_error(parsed.error());
