@@ -190,6 +190,15 @@ class KvCost final : public RoutingPolicy {
   }
 
   double estimate(const RoutingContext& ctx, std::size_t i) const override { return terms(ctx, i, 0).ttft; }
+  double itl_estimate(const RoutingContext& ctx, std::size_t i) const override { return itl(ctx, ctx.workers[i]); }
+
+  // The request's mean inter-token latency on w: the decode step of w's batch with this request's context
+  // (prompt and half its output, on average) added (architecture section 8: a memory-bound step reads every
+  // running sequence's KV).
+  static double itl(const RoutingContext& ctx, const WorkerView& w) {
+    const double out = ctx.max_tokens > 0 ? static_cast<double>(ctx.max_tokens) : kDefaultOutputTokens;
+    return w.decode_step_s + w.decode_step_per_token_s * (static_cast<double>(ctx.prompt_tokens) + out / 2);
+  }
 
   std::optional<Pick> pick(const RoutingContext& ctx) const override {
     // The longest match any healthy worker has (for the duplicate term) and the shortest prefill queue.
@@ -221,7 +230,7 @@ class KvCost final : public RoutingPolicy {
     Reason reason = Reason::kCold;
     if (hit > 0 && hit == most_matched) reason = Reason::kPrefixHit;
     else if (most_matched > 0) reason = Reason::kLoadFallback;
-    return Pick{*best, reason, hit, best_ttft};
+    return Pick{*best, reason, hit, best_ttft, itl(ctx, ctx.workers[*best])};
   }
 
  private:

@@ -72,6 +72,7 @@ void RateLearner::apply(WorkerView& view) const {
   view.transfer_tokens_per_s = r.transfer_tokens_per_s;
   view.decode_step_s =
       r.decode_correction * (r.decode_step_s + r.decode_step_per_token_s * static_cast<double>(view.active_decode_tokens));
+  view.decode_step_per_token_s = r.decode_correction * r.decode_step_per_token_s;
 }
 
 void RateLearner::forget(WorkerId worker) {

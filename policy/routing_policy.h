@@ -52,6 +52,7 @@ struct WorkerView {
   double prefill_tokens_per_s = 10000.0;      // P_w
   double transfer_tokens_per_s = 100000.0;    // X_w (CPU tier -> GPU)
   double decode_step_s = 0.02;                // time of one decode step at the current batch
+  double decode_step_per_token_s = 0;         // what one more context token in the batch adds to a step
   std::uint32_t max_running = 256;            // running-sequence cap (batch size)
 };
 
@@ -88,6 +89,7 @@ struct Pick {
   Reason reason = Reason::kCold;
   std::uint64_t predicted_cached_tokens = 0;
   double estimate_s = 0.0;                     // predicted TTFT, when the policy models it (else 0)
+  double itl_estimate_s = 0.0;                 // predicted mean inter-token latency there (else 0)
 };
 
 class RoutingPolicy {
@@ -99,6 +101,8 @@ class RoutingPolicy {
   // Predicted TTFT of sending the request to workers[i]; NaN when the policy has no latency model. Session
   // affinity uses it to decide whether a bound worker is still good enough.
   virtual double estimate(const RoutingContext& ctx, std::size_t i) const;
+  // Predicted mean inter-token latency of the request on workers[i]; NaN without a latency model.
+  virtual double itl_estimate(const RoutingContext& ctx, std::size_t i) const;
   // Whether the policy reads prefix matches (the router skips matching for prefix-blind policies).
   virtual bool uses_prefix_match() const { return false; }
   // Whether the router may hold a request sent where its prefix is still being computed by an earlier one
