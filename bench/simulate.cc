@@ -258,6 +258,7 @@ class FleetSim {
     // The same requests with their prefill estimates, by request id (as backends::Worker keeps them).
     policy::PrefillQueue prefill_queue;
     std::uint64_t active_decode = 0;
+    std::uint64_t inflight_kv = 0;  // as backends::Worker: uncached prompt + output tokens of requests in flight
     // Last polled metrics.
     std::uint32_t running = 0, waiting = 0;
     double kv_usage = 0;
@@ -296,6 +297,7 @@ class FleetSim {
     int bound = -1;                      // the session's bound worker, -1 if none (debug dump)
     std::uint64_t decode_context = 0;
     std::uint64_t predicted_uncached = 0;
+    std::uint64_t kv_tokens = 0;  // its share of WorkerState::inflight_kv
     std::uint32_t cached = 0;
     hashing::ComputingPrefixes::Token computing = 0;  // the blocks it computes, until its first token
     std::unique_ptr<sim::SimRequest> held;            // while held: the request, sent when released
@@ -389,6 +391,7 @@ class FleetSim {
     f.finish = t;
     f.cached = u.cached_tokens;
     ws.in_flight -= 1;
+    ws.inflight_kv -= std::min(ws.inflight_kv, f.kv_tokens);
     ws.active_decode -= std::min<std::uint64_t>(ws.active_decode, w_.requests[id].prompt_tokens);
     // What the daemon learns from a completed response: TTFT at the client, usage.cached_tokens, ITL.
     policy::RateObservation obs;
@@ -399,6 +402,8 @@ class FleetSim {
     obs.decode_context_tokens = f.decode_context;
     obs.output_tokens = u.completion_tokens;
     obs.itl_s = u.completion_tokens >= 2 ? (t - f.first_token) / (u.completion_tokens - 1) : 0.0;
+    obs.estimated_ttft_s = f.estimate;
+    obs.estimated_itl_s = f.itl_estimate;
     learner_.observe(w, obs);
   }
 
@@ -487,6 +492,7 @@ class FleetSim {
       v.pending_prefill_tokens = ws.pending_prefill;
       ws.prefill_queue.fill(v, t);
       v.active_decode_tokens = ws.active_decode;
+      v.inflight_kv_tokens = ws.inflight_kv;
       v.running = ws.running;
       v.waiting = ws.waiting;
       v.kv_usage = ws.kv_usage;
@@ -585,6 +591,8 @@ class FleetSim {
                                                  views_[wi].prefill_tokens_per_s),
                          t);
     ws.in_flight += 1;
+    f.kv_tokens = f.predicted_uncached + policy::expected_output_tokens(r.output_tokens);
+    ws.inflight_kv += f.kv_tokens;
     ws.pending_prefill += f.predicted_uncached;
     ws.routed += 1;
   }
@@ -596,6 +604,7 @@ class FleetSim {
     ++rejected_;
     f.submitted = false;
     ws.in_flight -= 1;
+    ws.inflight_kv -= std::min(ws.inflight_kv, f.kv_tokens);
     ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
     computing_.end(w, f.computing);
   }

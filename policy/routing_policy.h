@@ -36,6 +36,9 @@ struct WorkerView {
   std::uint32_t in_flight = 0;                // requests sent and not finished
   std::uint64_t pending_prefill_tokens = 0;   // uncached prompt tokens sent and not yet past first token
   std::uint64_t active_decode_tokens = 0;     // context tokens of requests in decode
+  // KV tokens the requests in flight will have allocated when they finish: per request its uncached prompt
+  // tokens plus its output (max_tokens); the cached prefix blocks they share are resident and not counted.
+  std::uint64_t inflight_kv_tokens = 0;
   // The same pending requests in estimated seconds, each priced when it was sent with prefill_seconds() of its
   // uncached tokens after its cached ones (policy/rate_learner.h): their sum, the oldest one's, and the time
   // since the worker last returned a first token (or since the first of them was sent, if later).
@@ -53,6 +56,8 @@ struct WorkerView {
   double transfer_tokens_per_s = 100000.0;    // X_w (CPU tier -> GPU)
   double decode_step_s = 0.02;                // time of one decode step at the current batch
   double decode_step_per_token_s = 0;         // what one more context token in the batch adds to a step
+  double base_ttft_s = 0;                     // fixed part of TTFT (front end, first step), learned
+  double ttft_correction = 1;                 // learned observed / estimated TTFT (RateLearner), applied by kv_cost
   std::uint32_t max_running = 256;            // running-sequence cap (batch size)
 };
 
@@ -60,6 +65,13 @@ struct WorkerView {
 inline std::uint64_t tokens_of_blocks(std::uint64_t blocks, double tokens_per_block, std::uint64_t prompt_tokens) {
   const auto tokens = static_cast<std::uint64_t>(std::llround(static_cast<double>(blocks) * tokens_per_block));
   return std::min(tokens, prompt_tokens);
+}
+
+// Output tokens a request is expected to generate: its max_tokens, or, when it does not say, 256 (a prior:
+// the order of a chat answer; it only sizes the decode and KV terms of kv_cost for such requests).
+inline constexpr std::uint32_t kDefaultOutputTokens = 256;
+inline std::uint32_t expected_output_tokens(std::uint32_t max_tokens) {
+  return max_tokens > 0 ? max_tokens : kDefaultOutputTokens;
 }
 
 struct RoutingContext {
@@ -113,8 +125,10 @@ class RoutingPolicy {
 
 struct PolicyOptions {
   // kv_cost weights (architecture section 7).
-  double alpha = 1.0;   // weight of the recompute cost the request causes (evicted reused blocks, duplicates)
-  double beta = 0.5;    // weight of the request's own decode time on the worker's current batch
+  double alpha = 1.0;   // weight of the recompute the request causes (evicted reused blocks): 1, a second is a second
+  // Share of the request's decode that overlaps each request already running on the worker: 0.5, as a running
+  // request is on average half way through its own (policy/kv_cost.cc, "others").
+  double beta = 0.5;
   // Session affinity: keep a bound worker unless its estimate exceeds the best by more than this. 0.25 s,
   // measured with the move guard of policy/session_affinity.cc on the saturated multi_turn benchmark cell
   // over five seeds: mean / p99 TTFT 0.39 / 5.0 s (0.3 s: 0.40 / 5.6; 0.5 s: 0.45 / 5.8; 0.1 s and 1 s worse
