@@ -232,7 +232,7 @@ Result<Workload> generate_family(const FamilyDraw& d, const FamilyFleet& fleet) 
     }
   // Unit start times at one per second (Poisson, or bursts of 2-32 starts 50 ms apart on average, with the
   // gaps between bursts stretched so the mean rate stays one per second), then scaled so that the offered
-  // work, total_s over the span of starts, is load x workers.
+  // work, total_s over the span of arrivals, is load x workers.
   SplitMix rng(d.seed ^ 0x415252495645ull);
   std::vector<double> starts;
   double t = 0;
@@ -246,16 +246,39 @@ Result<Workload> generate_family(const FamilyDraw& d, const FamilyFleet& fleet) 
     t += rng.exponential(static_cast<double>(burst));
     for (std::size_t k = 0; k < burst && starts.size() < units.size(); ++k) starts.push_back(t + rng.exponential(0.05));
   }
-  const double span = std::max(*std::max_element(starts.begin(), starts.end()), 1e-9);
+  // The span of arrivals is the span of starts (scaled) plus the sessions' own turns: scale the starts so that
+  // the whole span is the target. A session longer than the target (long answers, think times) has its turns
+  // brought closer first (`pace` < 1), to half the target.
   const double target = total_s / (d.load * static_cast<double>(fleet.workers));
-  const double scale = target / span;
+  std::vector<double> last(units.size(), 0.0);
+  double longest = 0;
+  for (std::size_t k = 0; k < units.size(); ++k) {
+    for (const Request& r : units[k].requests) last[k] = std::max(last[k], r.arrival_s);
+    longest = std::max(longest, last[k]);
+  }
+  const double pace = longest > target / 2 ? target / 2 / longest : 1.0;
+  auto span = [&](double scale) {
+    double lo = INFINITY, hi = 0;
+    for (std::size_t k = 0; k < units.size(); ++k) {
+      lo = std::min(lo, starts[k] * scale);
+      hi = std::max(hi, starts[k] * scale + last[k] * pace);
+    }
+    return hi - lo;
+  };
+  double lo = 0, hi = 1;
+  while (span(hi) < target && hi < 1e12) hi *= 2;
+  for (int it = 0; it < 60; ++it) {
+    const double mid = (lo + hi) / 2;
+    (span(mid) < target ? lo : hi) = mid;
+  }
+  const double scale = hi;
   Workload w;
   w.name = "family-" + std::to_string(d.seed);
   w.description = d.describe();
   w.has_sessions = d.sessions != SessionShape::kNone;
   for (std::size_t k = 0; k < units.size(); ++k)
     for (Request& r : units[k].requests) {
-      r.arrival_s += starts[k] * scale;
+      r.arrival_s = r.arrival_s * pace + starts[k] * scale;
       w.requests.push_back(std::move(r));
     }
   finalize(w, d.requests);
