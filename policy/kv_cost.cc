@@ -1,43 +1,57 @@
-// kv_cost: kvroute's own policy (architecture section 7). Every healthy worker w is priced in seconds of latency
-// summed over the users it affects, the request's own and that of the requests it joins, and the cheapest wins.
-// With T prompt tokens, g and c of them cached on w's GPU and CPU tier, m = T - g - c to compute, `out` output
-// tokens (max_tokens, else kDefaultOutputTokens), P, X, the decode step and its correction learned per worker
-// (policy/rate_learner.h, starting from the profile of architecture section 8):
+// kv_cost: kvroute's own policy (architecture section 7). Every healthy worker is priced in seconds of
+// expected latency and the cheapest wins:
 //
-//   prefill  = prefill_seconds(m, T - m, P) + c / X           attention makes late tokens dearer (rate_learner.h)
-//   queue    = max(pending / P, prefill_seconds(pending, 0, P), sum of the pending requests' own estimates)
-//              - min(time since w's last first token, the oldest pending estimate)   (the head is partly done)
-//            + ceil((pending + m) / chunk) x step0            chunked prefill: every step of it also runs the
-//                                                              decode batch (vLLM's max_num_batched_tokens)
-//   life     = out x step                                      how long a request holds a slot and its KV
-//   admit    = max(seqs, kv): the engine starts a request only while fewer than max_num_seqs run and its KV pool
-//              has room (vLLM's scheduler). seqs = (in_flight + 1 - cap) / cap x life: slots free at cap / life
-//              per second. kv = (need - pool) / pool x life, need = held + m + out, held = the larger of the KV
-//              the in-flight requests will have allocated at their end (uncached prompt + output, router-tracked
-//              at once: WorkerView::inflight_kv_tokens) and the pool in use as last polled (kv_cache_usage_perc:
-//              it also counts the cached context the running requests pin, which the router cannot split from
-//              prefixes they share); the pool turns over once per request lifetime. Past the pool, vLLM preempts
-//              and recomputes, which costs the same wait.
-//   TTFT     = (base + queue + prefill + admit) x correction   correction = the worker's learned observed /
-//                                                              estimated TTFT (RateLearner, self-correction)
-//   step     = step0 + per_token x (T + out / 2)               the decode step of the batch it joins, its own KV
-//                                                              added (architecture section 8: memory-bound decode
-//                                                              reads the weights and every running sequence's KV)
-//   own      = TTFT + (out - 1) x step                          its end-to-end latency
-//   others   = n x (prefill + beta x out x per_token x (T + out / 2))
-//              n = requests that share w's steps (in flight, at most max_num_seqs). Its prefill chunks lengthen
-//              the steps all of them are in by the prefill time; its KV lengthens each of their steps while they
-//              overlap, beta = 0.5 of its decode on average (a running request is, on average, half way through)
-//   evict    = blocks it computes x share of w's capacity holding blocks that were hit again x recompute time of
-//              a block (a warm cache evicts one block per block computed; docs/benchmarks.md)
-//   cost     = own + others + alpha x evict                    alpha = 1: a recomputed second counts once
+//   g, c     tokens of the prompt matched on the worker's GPU and CPU tier; m = T - g - c to recompute
+//   prefill  = prefill_seconds(m, g + c, P) + c / X   P prefill tokens/s at the reference context, X CPU->GPU
+//                                                      tokens/s; attention makes late tokens dearer (see
+//                                                      policy/rate_learner.h)
+//   queue    = max(pending / P,                      work admitted ahead of this request: at the reference rate,
+//                  prefill_seconds(pending, 0, P))     or attention-weighted when so much is pending that a long
+//                                                      prompt must be among it
+//              behind a long prefill (the oldest pending one estimated at 1 s or more): at least the sum of
+//              the pending requests' own estimates (attention to their cached context included), less the
+//              time the worker has spent on them since its last first token, up to half the oldest's estimate
+//            + ceil((pending' + m) / chunk) x step    each chunked-prefill step also runs the decode batch;
+//                                                      step = the worker's decode step at its current batch;
+//                                                      pending' = pending scaled as the queue was
+//   admit    = wait for admission: beyond the running-sequence cap, (requests over the cap) x out x step / cap
+//              (slots free as running requests finish); with the KV pool full (usage >= 0.9), the time for
+//              the pool to turn over the prefill queued ahead plus this request, about out x step per pool
+//   TTFT     = queue + prefill + admit                 (the estimate session affinity compares)
+//   evict    = blocks the request computes x share of the worker's capacity holding blocks that were hit
+//              again x recompute time of a block     (a warm cache evicts one block per block computed; in
+//              precise mode a predicted block the worker's event confirms counts as hit again, so the share
+//              is close to how full the worker's cache is: docs/benchmarks.md, "Counting only real reuse")
+//   dup      = 5 x prefill time of the tokens some other worker holds but this one would recompute
+//   idle     = the fleet's spare prefill: the shortest prefill queue (pending / P) of any healthy worker
+//   delay    = 0.2 x out x step                       (this request's own decode time on the worker's batch)
+//   tail     = for prompts of 24K tokens or more: 10 x max(0, TTFT - the fleet's recent p97 TTFT)
+//   cost     = TTFT x (1 + TTFT / 5 s) + alpha x (evict + dup x (1 + 4 TTFT / 5 s + idle / 25 ms))
+//              + beta x delay + tail
 //
-// Herding: every load term is the router's own count, updated the moment a request is sent (in flight, pending
-// prefill, in-flight KV), so requests arriving between two polls see each other; of the polled metrics only
-// KV usage is read, as a floor under the router's own count. Exploration: a worker without samples takes the fleet's learned rates
-// (RateLearner::apply), so a prior is never left uncorrected. Ties (equal cost) go to the worker with fewer
-// requests in flight. Blocks a worker evicted are not in the index, so they count as recompute, never as hits.
-// docs/benchmarks.md lists which constants are derived and which learned.
+// The TTFT part of the cost is convex: a second of queueing costs 1 + 2 TTFT / 5 s, so a long prompt (whose
+// TTFT is seconds, and which sets the p99) goes where it starts soonest, while for short requests the cache
+// terms (evict, dup) still decide. This is a tail-aware objective, not a workload rule. The duplicate term
+// grows with the TTFT the request would have on the worker too (kDuplicateTailWeight): without that, the
+// convex TTFT cost moved long prompts off a busy worker holding part of their prefix for small gains, and
+// the copies they made evicted other prefixes (conversation trace at 1x the knee: hit rate 12.7 % -> 13.2 %).
+// It grows with the load of the whole fleet as well (kFleetBusySeconds): a recomputation is paid for with GPU
+// time, which is free while some worker idles and taken from other requests once every worker has a queue.
+//
+// What made the difference on the benchmark (docs/benchmarks.md): pricing admission (running cap and full KV pool)
+// and the batch-dependent decode step, so sessions and long chats are not stacked on a worker whose TTFT looks fine
+// until its pool fills; the duplicate term, so a conversation is not moved off the worker holding its context for a
+// small queueing gain; attention-aware prefill times, also for the queue (a request holding a prefix no longer waits
+// 14 s behind a 190K prompt the estimate priced at 4 s); the convex TTFT cost; the queue of a worker behind a long
+// prefill counted with its progress and its attention to cached context, together with the tail price (the first
+// keeps conversations with their context at high load, the second keeps long prompts from waiting into the tail
+// while another worker would serve them sooner; either alone loses what the other wins); and dropping the old "stall
+// of the worker's decode batch" term (beta x prefill time of m on any decoding worker), a cliff of several seconds
+// between an idle and a busy worker that sent long prompts to idle-decode workers with long prefill queues.
+//
+// P, X and the step time come from the WorkerView: learned online from completed requests by
+// policy::RateLearner, starting from the worker's profile. Blocks a worker evicted are not in the index, so
+// they count as recompute, never as hits. Ties (equal cost) go to the worker with fewer requests in flight.
 #include "policy/policies.h"
 #include "policy/rate_learner.h"
 
@@ -48,9 +62,61 @@
 namespace kvroute::policy {
 namespace {
 
-// Chunked-prefill token budget per engine step: vLLM V1's default max_num_batched_tokens with chunked prefill
-// on large GPUs (the simulated engine's default too); a smaller budget only makes the decode part larger.
+// Chunked-prefill token budget per engine step (vLLM's default max_num_batched_tokens for chunked prefill
+// on large GPUs is 8192 in V1; smaller budgets only make the decode term larger).
 constexpr double kChunkTokens = 8192.0;
+// KV usage (blocks in use by requests, cached-but-free blocks excluded, as vLLM reports it) from which the
+// pool counts as full and admission waits for memory.
+constexpr double kFullKvUsage = 0.9;
+// Recomputing tokens another worker already holds costs more than their prefill time: the second copy takes
+// cache space (evicting something else) and splits that prefix's future hits between two workers. Tuned on
+// the benchmark: 5 keeps conversations with their context (3 left the conversation trace at 89 % of the
+// capacity bound); 10 stops hot short prefixes (system prompts) from being replicated when their holders are
+// busy, which stacks chat sessions on a few workers.
+constexpr double kDuplicateWeight = 5.0;
+// The duplicate term is multiplied by 1 + kDuplicateTailWeight x TTFT / kTailSeconds (TTFT on the worker
+// priced), so leaving a prefix's holder costs more the longer the request takes: it weighs as the convex TTFT
+// cost does, and a long prompt is moved off its prefix only for a proportionally larger gain. 4, tuned on the
+// benchmark (2: conversation hit rate at 1x the knee 13.1 %; 28 and more: 13.2-13.6 % at 1.25x but a
+// worse p99 at 0.75x than block_cost, where long prompts should go where they start soonest).
+constexpr double kDuplicateTailWeight = 4.0;
+// The duplicate term is multiplied by a further 1 + (shortest prefill queue in the fleet) / kFleetBusySeconds:
+// when even the least-loaded worker has queued prefill, a copy of a prefix another worker holds delays the
+// whole fleet, so moving a request off its prefix's holder needs a larger TTFT gain. Tuned on the benchmark
+// (docs/benchmarks.md): 25 ms (17-33 ms behave alike) brought shared_prefix throughput at 1.25x the knee from
+// 0.5 % behind e2 to within 0.35 %, multi_turn p99 at the knee below chwbl's, and the conversation hit rate
+// at 1.25x the knee from 12.5 % to 12.8 %. 50 ms and more leave the synthetic trace's p99 at the knee above
+// block_cost's; 12.5 ms and less cost a synthetic or conversation cell by a hair.
+constexpr double kFleetBusySeconds = 0.025;
+// Weight, within `delay`, of the request's own decode time on the worker's batch. Small: it only has to
+// break the tie between workers whose TTFTs look alike but whose batches (and so every later token) differ.
+constexpr double kDecodeWeight = 0.2;
+// Scale of the convex TTFT cost (Terms::cost): at a TTFT of kTailSeconds a second more counts three times.
+constexpr double kTailSeconds = 5.0;
+// The queue behind a long prefill. The router counts a pending request's uncached tokens in full until its
+// first token, however much of it is done, so it overstates a busy worker's queue: on the conversation trace at
+// 1.25x the knee, requests sent to a worker with 8K-128K tokens pending had a median real TTFT of 0.36-0.45 x
+// kv_cost's estimate (docs/benchmarks.md, "Tried since", eighth round), and conversations left holders that
+// were 2-3 s from serving them. When the oldest pending prefill is estimated at kLongPrefillSeconds or more,
+// the queue is at least the sum of the pending requests' own estimates (a prefill after 100K cached tokens
+// costs far more than its token count says) and is credited the time spent on them since the worker's last
+// first token, up to kProgressShare of the oldest one's estimate (the rest is left as a margin: estimates of
+// the longest prefills run short). Shorter prefills keep the plain estimate, which is why the generators,
+// whose prompts prefill in well under a second, are routed exactly as before. Shares of 0.2-0.7 were measured
+// (docs/benchmarks.md, eighth round); 0.5 is kept, with the tail price below.
+constexpr double kLongPrefillSeconds = 1.0;
+constexpr double kProgressShare = 0.5;
+// The tail price: a long prompt (kLongPromptTokens or more) pays kTailPriceWeight per second its TTFT on a
+// worker would exceed the fleet's recent p97 TTFT (RoutingContext::fleet_tail_ttft_s). Such a prompt waiting
+// behind another long prefill for its cached prefix enters the tail, when recomputing it on a free worker
+// would stay below it (synthetic trace at 0.75x the knee: 62K-token prompts fully cached on a worker busy
+// with a 191K-token prefill). Short prompts never reach the tail by queueing alone at these loads, and
+// charging them moved saturated generator cells (weights 1-10 on every prompt: 13-16 of the 18 cells).
+// Weights 5, 10 and 20: synthetic p99 lower than both baselines at 8, 13 and 12 of 15 band loads,
+// conversation hit rate at 90 % of the capacity bound at 11, 12 and 10 of 12 (before this and the queue
+// change: 8 of 15 and 7 of 12).
+constexpr double kLongPromptTokens = 24000.0;
+constexpr double kTailPriceWeight = 10.0;
 
 class KvCost final : public RoutingPolicy {
  public:
@@ -60,11 +126,19 @@ class KvCost final : public RoutingPolicy {
   bool waits_for_computing_prefix() const override { return true; }
 
   struct Terms {
-    double ttft = 0, step = 0, own = 0, others = 0, evict = 0;
-    double cost(const PolicyOptions& o) const { return own + others + o.alpha * evict; }
+    double ttft = 0, evict = 0, dup = 0, delay = 0, tail = 0;
+    // Convex in TTFT (ttft x (1 + ttft / kTailSeconds)): a second of queueing costs more the longer the request
+    // already takes, so long prompts, which set the p99, go where they start soonest, while for short requests
+    // the cache terms still decide. The duplicate term scales with TTFT as well (kDuplicateTailWeight) and with
+    // the fleet's shortest prefill queue, `idle_queue_s` (kFleetBusySeconds).
+    double cost(const PolicyOptions& o, double idle_queue_s) const {
+      const double dup_scale = 1.0 + kDuplicateTailWeight * ttft / kTailSeconds + idle_queue_s / kFleetBusySeconds;
+      return ttft * (1.0 + ttft / kTailSeconds) + o.alpha * (evict + dup * dup_scale) + o.beta * delay + tail;
+    }
   };
 
-  Terms terms(const RoutingContext& ctx, std::size_t i) const {
+  // `most_matched`: the longest match any healthy worker has for this request (for the duplicate term).
+  Terms terms(const RoutingContext& ctx, std::size_t i, double most_matched) const {
     const WorkerView& w = ctx.workers[i];
     const double tpb = ctx.tokens_per_block > 0 ? ctx.tokens_per_block : 16.0;
     const double P = std::max(w.prefill_tokens_per_s, 1.0);
@@ -74,58 +148,77 @@ class KvCost final : public RoutingPolicy {
     const double c = std::min(matched, ctx.matched_cpu_blocks(i) * tpb);
     const double m = std::max(0.0, T - matched);
     const double out = expected_output_tokens(ctx.max_tokens);
-    const double step0 = std::max(w.decode_step_s, 0.0);
-    const double own_kv = std::max(w.decode_step_per_token_s, 0.0) * (T + out / 2);
+    const double step = std::max(w.decode_step_s, 0.0);
     const double pending = static_cast<double>(w.pending_prefill_tokens);
-    const double cap = static_cast<double>(std::max<std::uint32_t>(w.max_running, 1));
+    const bool decoding = w.active_decode_tokens > 0 || w.running > 0;
     Terms t;
-    t.step = step0 + own_kv;
 
     const double prefill = prefill_seconds(m, T - m, P) + c / X;
-    double queued = std::max({pending / P, prefill_seconds(pending, 0.0, P), w.pending_prefill_s});
-    if (queued > 0) queued = std::max(0.0, queued - std::min(w.prefill_elapsed_s, w.oldest_prefill_s));
-    const double decoding = (w.active_decode_tokens > 0 || w.in_flight > 0) ? 1.0 : 0.0;
-    const double queue = queued + decoding * std::ceil((pending + m) / kChunkTokens) * step0;
-
-    const double life = out * t.step;
-    double admit = std::max(0.0, static_cast<double>(w.in_flight) + 1.0 - cap) / cap * life;
-    if (w.capacity_blocks > 0) {
-      const double pool = static_cast<double>(w.capacity_blocks) * tpb;
-      const double held = std::max(static_cast<double>(w.inflight_kv_tokens), std::clamp(w.kv_usage, 0.0, 1.0) * pool);
-      const double need = held + m + out;
-      admit = std::max(admit, std::max(0.0, need - pool) / pool * life);
+    // Pending prefill at the reference rate, or, when there is so much of it that a long prompt must be among
+    // it, at that prompt's attention-weighted cost (a queued 190K prompt takes 24 s, not 190K / P = 7 s).
+    const double plain = std::max(pending / P, prefill_seconds(pending, 0.0, P));
+    double queued = plain;
+    if (w.oldest_prefill_s >= kLongPrefillSeconds && plain > 0) {
+      const double credit = std::min(w.prefill_elapsed_s, kProgressShare * w.oldest_prefill_s);
+      queued = std::max(0.0, std::max(plain, w.pending_prefill_s) - credit);
     }
-    t.ttft = (std::max(w.base_ttft_s, 0.0) + queue + prefill + admit) * std::max(w.ttft_correction, 0.0);
-    t.own = t.ttft + std::max(out - 1.0, 0.0) * t.step;
-    const double sharing = std::min(static_cast<double>(w.in_flight), cap);
-    t.others = sharing * (prefill + o_.beta * out * own_kv);
+    const double pending_left = plain > 0 ? pending * std::min(1.0, queued / plain) : 0.0;
+    const double steps = std::ceil((pending_left + m) / kChunkTokens);
+    const double queue = queued + (decoding ? steps * step : 0.0);
+    double admit = 0.0;
+    const double cap = static_cast<double>(std::max<std::uint32_t>(w.max_running, 1));
+    const double excess = static_cast<double>(w.in_flight) + 1.0 - cap;
+    if (excess > 0) admit = excess * out * step / cap;
+    if (w.capacity_blocks > 0 && w.kv_usage >= kFullKvUsage) {
+      const double pool_tokens = static_cast<double>(w.capacity_blocks) * tpb;
+      admit = std::max(admit, std::min(1.0, (pending + m + out) / pool_tokens) * out * step);
+    }
+    t.ttft = queue + prefill + admit;
 
     if (w.capacity_blocks > 0) {
       const double reuse = std::min(1.0, static_cast<double>(w.reused_blocks) / static_cast<double>(w.capacity_blocks));
       t.evict = std::ceil(m / tpb) * reuse * tpb / P;
     }
+    if (most_matched > matched) t.dup = kDuplicateWeight * prefill_seconds(most_matched - matched, matched, P);
+    t.delay = kDecodeWeight * out * step;
+    if (T >= kLongPromptTokens && ctx.fleet_tail_ttft_s > 0) {
+      t.tail = kTailPriceWeight * std::max(0.0, t.ttft - ctx.fleet_tail_ttft_s);
+    }
     return t;
   }
 
-  double estimate(const RoutingContext& ctx, std::size_t i) const override { return terms(ctx, i).ttft; }
-  double itl_estimate(const RoutingContext& ctx, std::size_t i) const override { return terms(ctx, i).step; }
+  double estimate(const RoutingContext& ctx, std::size_t i) const override { return terms(ctx, i, 0).ttft; }
+  // The decode step of the worker's batch with this request's context added (prompt and half its output):
+  // architecture section 8, a memory-bound step reads every running sequence's KV.
+  double itl_estimate(const RoutingContext& ctx, std::size_t i) const override {
+    const WorkerView& w = ctx.workers[i];
+    const double out = expected_output_tokens(ctx.max_tokens);
+    return w.decode_step_s + w.decode_step_per_token_s * (static_cast<double>(ctx.prompt_tokens) + out / 2);
+  }
 
   std::optional<Pick> pick(const RoutingContext& ctx) const override {
+    // The longest match any healthy worker has (for the duplicate term) and the shortest prefill queue.
     std::uint64_t most_matched = 0;
+    double idle_queue_s = std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
+      const WorkerView& w = ctx.workers[i];
+      if (!w.healthy) continue;
+      most_matched = std::max(most_matched, ctx.matched_tokens(i));
+      const double queue_s = static_cast<double>(w.pending_prefill_tokens) / std::max(w.prefill_tokens_per_s, 1.0);
+      idle_queue_s = std::min(idle_queue_s, queue_s);
+    }
     std::optional<std::size_t> best;
-    Terms best_terms;
-    double best_cost = std::numeric_limits<double>::infinity();
+    double best_cost = std::numeric_limits<double>::infinity(), best_ttft = 0;
     for (std::size_t k = 0; k < ctx.workers.size(); ++k) {
       const std::size_t i = (k + ctx.sequence) % ctx.workers.size();
       const WorkerView& w = ctx.workers[i];
       if (!w.healthy) continue;
-      most_matched = std::max(most_matched, ctx.matched_tokens(i));
-      const Terms t = terms(ctx, i);
-      const double c = t.cost(o_);
+      const Terms t = terms(ctx, i, static_cast<double>(most_matched));
+      const double c = t.cost(o_, idle_queue_s);
       if (!best || c < best_cost || (c == best_cost && w.in_flight < ctx.workers[*best].in_flight)) {
         best = i;
         best_cost = c;
-        best_terms = t;
+        best_ttft = t.ttft;
       }
     }
     if (!best) return std::nullopt;
@@ -133,7 +226,7 @@ class KvCost final : public RoutingPolicy {
     Reason reason = Reason::kCold;
     if (hit > 0 && hit == most_matched) reason = Reason::kPrefixHit;
     else if (most_matched > 0) reason = Reason::kLoadFallback;
-    return Pick{*best, reason, hit, best_terms.ttft, best_terms.step};
+    return Pick{*best, reason, hit, best_ttft, itl_estimate(ctx, *best)};
   }
 
  private:

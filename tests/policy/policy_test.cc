@@ -214,34 +214,27 @@ TEST(KvCost, PrefersCachedPrefixUntilQueueingCostsMore) {
   EXPECT_EQ(pick->reason, Reason::kLoadFallback);
 }
 
-// The requests a worker already runs are priced too: its prefill lengthens every step they are in, and its KV
-// every step they share (policy/kv_cost.cc, "others").
-TEST(KvCost, PricesTheRequestsItJoins) {
+TEST(KvCost, LeavesThePrefixHolderOnlyWhileTheFleetHasSpareCapacity) {
   auto p = make("kv_cost");
-  Scene s(2);
-  for (auto& w : s.workers) {
-    w.prefill_tokens_per_s = 10000;
-    w.decode_step_s = 0.01;
-    w.decode_step_per_token_s = 1e-7;
-  }
-  // Cold everywhere: the worker running fewer requests is cheaper although its TTFT is the same.
-  s.workers[0].in_flight = 20;
-  s.workers[1].in_flight = 10;
+  Scene s(3);
+  for (auto& w : s.workers) w.prefill_tokens_per_s = 1000;
+  s.match.blocks = {8, 0, 0};
+  s.workers[0].pending_prefill_tokens = 5000;  // the holder has 5 s of prefill queued
+  // Workers 1 and 2 idle: recomputing the 800 cached tokens on one of them costs less than the wait.
   EXPECT_EQ(p->pick(s.context())->worker, 1u);
-  // Holding 8,000 of 10,000 tokens: recomputing them would stall the other worker's ten requests longer than
-  // the holder's twenty are stalled by the remaining 2,000.
-  s.chain.hashes.assign(100, 0);
-  s.match.blocks = {80, 0};
-  auto ctx = s.context();
-  ctx.prompt_tokens = 10000;
-  EXPECT_EQ(p->pick(ctx)->worker, 0u);
-  // The ITL estimate is the step of the batch it joins, its own KV added.
-  EXPECT_NEAR(p->itl_estimate(ctx, 0), 0.01 + 1e-7 * (10000 + 128), 1e-12);
+  // Every worker has a queue (the shortest is 0.1 s): a copy of the prefix would take GPU time from other
+  // requests, so the request waits for its holder.
+  s.workers[1].pending_prefill_tokens = 100;
+  s.workers[2].pending_prefill_tokens = 200;
+  auto pick = p->pick(s.context());
+  EXPECT_EQ(pick->worker, 0u);
+  EXPECT_EQ(pick->reason, Reason::kPrefixHit);
 }
 
-// The queue counts the pending requests' own estimates when they are larger (attention to cached context) and
-// is credited the time the worker has spent on its head since its last first token, up to the head's estimate.
-TEST(KvCost, QueueCountsTheHeadsProgress) {
+// Behind a long prefill, the queue is credited the time the worker has spent on it since its last first token,
+// up to half the oldest pending prefill, and counts the pending requests' own estimates when they are larger
+// (their attention to cached context). Behind short prefills the plain estimate stands.
+TEST(KvCost, QueueBehindALongPrefillCountsItsProgress) {
   auto p = make("kv_cost");
   Scene s(1);
   WorkerView& w = s.workers[0];
@@ -252,56 +245,37 @@ TEST(KvCost, QueueCountsTheHeadsProgress) {
   const double fresh = p->estimate(s.context(), 0);
   w.prefill_elapsed_s = 1.0;
   EXPECT_NEAR(fresh - p->estimate(s.context(), 0), 1.0, 1e-9);
-  w.prefill_elapsed_s = 10.0;  // overdue: the credit stops at the head's estimate
-  EXPECT_NEAR(fresh - p->estimate(s.context(), 0), 3.0, 1e-9);
+  w.prefill_elapsed_s = 10.0;  // overdue: the credit stops at half the oldest's estimate
+  EXPECT_NEAR(fresh - p->estimate(s.context(), 0), 1.5, 1e-9);
   w.pending_prefill_s = 9.0;  // the pending requests attend to long cached contexts
-  EXPECT_NEAR(p->estimate(s.context(), 0) - fresh, 9.0 - 3.0 - 3.0, 1e-9);
+  EXPECT_NEAR(p->estimate(s.context(), 0) - fresh, 9.0 - 1.5 - 3.0, 1e-9);
+  w.pending_prefill_s = 3.0;
+  w.oldest_prefill_s = 0.5;  // a short prefill at the head: no correction
+  EXPECT_NEAR(p->estimate(s.context(), 0), fresh, 1e-9);
 }
 
-// Admission as the engine does it: a worker whose KV pool the in-flight requests will fill (the router's own
-// count, updated at once) makes the request wait, and the learned correction scales the estimate.
-TEST(KvCost, WaitsForKvRoomAndAppliesTheLearnedCorrection) {
+// A prompt of 24K tokens or more pays for the TTFT it would have above the fleet's recent tail, so it does not
+// wait into the tail for part of its prefix when another worker would serve it below. Shorter prompts do not.
+TEST(KvCost, LongPromptsAvoidWaitingIntoTheFleetsTail) {
   auto p = make("kv_cost");
   Scene s(2);
-  for (auto& w : s.workers) {
-    w.prefill_tokens_per_s = 10000;
-    w.capacity_blocks = 160;  // 16,000 tokens of 100-token blocks
-    w.decode_step_s = 0.02;
-  }
-  const double room = p->estimate(s.context(), 0);
-  s.workers[0].inflight_kv_tokens = 24000;  // half a pool over
-  EXPECT_GT(p->estimate(s.context(), 0), room + 0.5 * 256 * 0.02 - 1e-9);
-  EXPECT_EQ(p->pick(s.context())->worker, 1u);
-  s.workers[0].inflight_kv_tokens = 0;
-  s.workers[0].kv_usage = 1.5;  // polled usage is a floor (clamped to the pool)
-  EXPECT_GT(p->estimate(s.context(), 0), room);
-  s.workers[0].kv_usage = 0;
-  s.workers[0].ttft_correction = 2.0;
-  EXPECT_NEAR(p->estimate(s.context(), 0), 2 * room, 1e-12);
-}
-
-// Requests arriving between two metric polls see each other: with the router's counts updated after each
-// pick, as Router::route and the simulator do, a burst spreads over identical workers.
-TEST(KvCost, NoHerdingBetweenPolls) {
-  auto p = make("kv_cost");
-  Scene s(4);
-  for (auto& w : s.workers) {
-    w.prefill_tokens_per_s = 10000;
-    w.capacity_blocks = 24000;
-    w.decode_step_s = 0.01;
-    w.decode_step_per_token_s = 1e-8;
-  }
-  std::vector<int> count(4, 0);
-  for (int r = 0; r < 40; ++r) {
-    auto ctx = s.context();
-    ctx.sequence = 0;  // no rotation: only the counts can spread the burst
-    const std::size_t i = p->pick(ctx)->worker;
-    ++count[i];
-    s.workers[i].in_flight += 1;
-    s.workers[i].pending_prefill_tokens += 160;
-    s.workers[i].inflight_kv_tokens += 160 + 256;
-  }
-  for (int c : count) EXPECT_EQ(c, 10);
+  for (auto& w : s.workers) w.prefill_tokens_per_s = 10000;
+  s.chain.hashes.assign(300, 0);
+  s.match.blocks = {100, 0};                // worker 0 holds a third of the prompt
+  s.workers[0].pending_prefill_tokens = 40000;  // and is busy for about 5 s
+  auto ctx = s.context();
+  ctx.prompt_tokens = 30000;
+  EXPECT_EQ(p->pick(ctx)->worker, 0u);  // tail unknown
+  ctx.fleet_tail_ttft_s = 4.0;          // waiting there takes it past the tail; recomputing does not
+  EXPECT_EQ(p->pick(ctx)->worker, 1u);
+  ctx.fleet_tail_ttft_s = 8.0;          // both below the tail
+  EXPECT_EQ(p->pick(ctx)->worker, 0u);
+  s.chain.hashes.assign(200, 0);        // a 20K-token prompt is not priced
+  ctx.prompt_tokens = 20000;
+  ctx.fleet_tail_ttft_s = 0;
+  const auto unpriced = p->pick(ctx)->worker;
+  ctx.fleet_tail_ttft_s = 0.5;
+  EXPECT_EQ(p->pick(ctx)->worker, unpriced);
 }
 
 TEST(KvCost, CpuTierCostsTransferNotRecompute) {
