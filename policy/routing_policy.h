@@ -57,7 +57,7 @@ struct WorkerView {
   double decode_step_s = 0.02;                // time of one decode step at the current batch
   double decode_step_per_token_s = 0;         // what one more context token in the batch adds to a step
   double base_ttft_s = 0;                     // fixed part of TTFT (front end, first step), learned
-  double ttft_correction = 1;                 // learned observed / estimated TTFT (RateLearner), applied by kv_cost
+  double ttft_correction = 1;                 // learned observed / estimated TTFT (RateLearner); informational
   std::uint32_t max_running = 256;            // running-sequence cap (batch size)
 };
 
@@ -125,10 +125,8 @@ class RoutingPolicy {
 
 struct PolicyOptions {
   // kv_cost weights (architecture section 7).
-  double alpha = 1.0;   // weight of the recompute the request causes (evicted reused blocks): 1, a second is a second
-  // Share of the request's decode that overlaps each request already running on the worker: 0.5, as a running
-  // request is on average half way through its own (policy/kv_cost.cc, "others").
-  double beta = 0.5;
+  double alpha = 1.0;   // weight of the recompute cost the request causes (evicted reused blocks, duplicates)
+  double beta = 0.5;    // weight of the request's own decode time on the worker's current batch
   // Session affinity: keep a bound worker unless its estimate exceeds the best by more than this. 0.25 s,
   // measured with the move guard of policy/session_affinity.cc on the saturated multi_turn benchmark cell
   // over five seeds: mean / p99 TTFT 0.39 / 5.0 s (0.3 s: 0.40 / 5.6; 0.5 s: 0.45 / 5.8; 0.1 s and 1 s worse
