@@ -47,8 +47,9 @@ double steady_seconds(std::chrono::steady_clock::time_point t) {
 }
 }  // namespace
 
-std::uint64_t Worker::begin(std::uint64_t uncached, double prefill_s) {
+std::uint64_t Worker::begin(std::uint64_t uncached, double prefill_s, std::uint64_t kv_tokens) {
   in_flight_.fetch_add(1, std::memory_order_relaxed);
+  inflight_kv_.fetch_add(kv_tokens, std::memory_order_relaxed);
   pending_prefill_.fetch_add(uncached, std::memory_order_relaxed);
   std::lock_guard lock(prefill_mu_);
   const std::uint64_t ticket = next_ticket_++;
@@ -75,8 +76,10 @@ void Worker::first_token(std::uint64_t ticket, std::uint64_t uncached, std::uint
   leave_prefill_queue(ticket, /*first_token=*/true);
 }
 
-void Worker::end(std::uint64_t ticket, bool had_first_token, std::uint64_t uncached, std::uint64_t context) {
+void Worker::end(std::uint64_t ticket, bool had_first_token, std::uint64_t uncached, std::uint64_t context,
+                 std::uint64_t kv_tokens) {
   in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  inflight_kv_.fetch_sub(kv_tokens, std::memory_order_relaxed);
   if (had_first_token) {
     active_decode_.fetch_sub(context, std::memory_order_relaxed);
   } else {
@@ -124,6 +127,7 @@ policy::WorkerView Worker::view(std::chrono::steady_clock::time_point now) const
   v.in_flight = in_flight();
   v.pending_prefill_tokens = pending_prefill_.load(std::memory_order_relaxed);
   v.active_decode_tokens = active_decode_.load(std::memory_order_relaxed);
+  v.inflight_kv_tokens = inflight_kv_.load(std::memory_order_relaxed);
   if (const double oldest = prefill_oldest_s_.load(std::memory_order_relaxed); oldest >= 0) {
     v.pending_prefill_s = prefill_total_s_.load(std::memory_order_relaxed);
     v.oldest_prefill_s = oldest;

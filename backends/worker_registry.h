@@ -114,10 +114,12 @@ class Worker {
   // the request's estimated prefill seconds (policy::prefill_seconds) and returns its ticket, which
   // first_token() and end() take back: the view reports the queue's total, its oldest entry and the time since
   // the worker's last first token (policy::WorkerView::pending_prefill_s).
-  std::uint64_t begin(std::uint64_t uncached_prompt_tokens, double prefill_s);
+  // `kv_tokens` (policy::WorkerView::inflight_kv_tokens): the KV the request will have allocated at its end,
+  // its uncached prompt tokens plus its output; end() takes the same number back.
+  std::uint64_t begin(std::uint64_t uncached_prompt_tokens, double prefill_s, std::uint64_t kv_tokens = 0);
   void first_token(std::uint64_t ticket, std::uint64_t uncached_prompt_tokens, std::uint64_t context_tokens);
   void end(std::uint64_t ticket, bool had_first_token, std::uint64_t uncached_prompt_tokens,
-           std::uint64_t context_tokens);
+           std::uint64_t context_tokens, std::uint64_t kv_tokens = 0);
   std::uint32_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
   std::uint64_t pending_prefill_tokens() const { return pending_prefill_.load(std::memory_order_relaxed); }
   std::uint64_t active_decode_tokens() const { return active_decode_.load(std::memory_order_relaxed); }
@@ -155,6 +157,7 @@ class Worker {
   std::atomic<std::uint32_t> in_flight_{0};
   std::atomic<std::uint64_t> pending_prefill_{0};
   std::atomic<std::uint64_t> active_decode_{0};
+  std::atomic<std::uint64_t> inflight_kv_{0};
   std::atomic<std::uint64_t> models_version_{0};
   mutable std::mutex mu_;
   WorkerTelemetry telemetry_;  // guarded by mu_

@@ -33,20 +33,27 @@ std::size_t Zipf::sample(SplitMix& rng) const {
   return std::min<std::size_t>(std::upper_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin(), cdf_.size() - 1);
 }
 
-namespace {
+namespace internal {
 
 constexpr std::uint32_t kVocab = 151'000;  // Qwen3's vocabulary size, order of magnitude
 
-// Appends `length` tokens of the text identified by `segment` (same segment, same tokens).
 void append_segment(std::vector<std::uint32_t>& tokens, std::uint64_t segment, std::uint32_t length) {
   SplitMix rng(segment * 0x2545F4914F6CDD1Dull + 0x1234567ull);
   for (std::uint32_t k = 0; k < length; ++k) tokens.push_back(static_cast<std::uint32_t>(rng.next() % kVocab));
 }
 
-// Segment ids of different roles never collide: (kind, a, b, c) packed into one seed.
-std::uint64_t seg(std::uint64_t kind, std::uint64_t a, std::uint64_t b = 0, std::uint64_t c = 0) {
+std::uint64_t segment_id(std::uint64_t kind, std::uint64_t a, std::uint64_t b, std::uint64_t c) {
   SplitMix m(kind * 0x100000001B3ull ^ (a << 20) ^ (b << 40) ^ c);
   return m.next() ^ m.next();
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::append_segment;
+std::uint64_t seg(std::uint64_t kind, std::uint64_t a, std::uint64_t b = 0, std::uint64_t c = 0) {
+  return internal::segment_id(kind, a, b, c);
 }
 
 // Turns a token sequence (prompt followed by the output the engine will generate) into a Request.

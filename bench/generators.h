@@ -47,6 +47,13 @@ class SplitMix {
   std::uint64_t s_;
 };
 
+namespace internal {
+// Appends `length` tokens of the text identified by `segment` (same segment, same tokens).
+void append_segment(std::vector<std::uint32_t>& tokens, std::uint64_t segment, std::uint32_t length);
+// Segment ids of different roles never collide: (kind, a, b, c) packed into one seed.
+std::uint64_t segment_id(std::uint64_t kind, std::uint64_t a, std::uint64_t b = 0, std::uint64_t c = 0);
+}  // namespace internal
+
 // Zipf(s) sampler over ranks 0..n-1 by inverse CDF on a precomputed table.
 class Zipf {
  public:

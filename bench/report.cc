@@ -30,6 +30,7 @@ const char* mode_name(IndexMode m) {
 boost::json::object report_json(const RunReport& r) {
   boost::json::object o;
   o["workload"] = r.workload;
+  if (!r.description.empty()) o["description"] = r.description;
   o["workers"] = r.workers;
   o["rate_scale"] = r.rate_scale;
   o["upper_bound_hit_rate"] = r.upper_bound_hit_rate;
@@ -48,7 +49,15 @@ boost::json::object report_json(const RunReport& r) {
     x["ttft_p90_s"] = p.ttft.p90;
     x["ttft_p99_s"] = p.ttft.p99;
     x["itl_mean_s"] = p.itl_mean_s;
+    x["itl_p99_s"] = p.itl_p99_s;
     x["e2e_mean_s"] = p.e2e_mean_s;
+    x["e2e_p99_s"] = p.e2e_p99_s;
+    if (p.calibration.ttft_count > 0 || p.calibration.itl_count > 0) {
+      const auto& c = p.calibration;
+      x["calibration"] = {{"ttft_median_abs_err", c.ttft_median}, {"ttft_p90_abs_err", c.ttft_p90},
+                          {"ttft_count", c.ttft_count},           {"itl_median_abs_err", c.itl_median},
+                          {"itl_p90_abs_err", c.itl_p90},         {"itl_count", c.itl_count}};
+    }
     x["output_tok_s"] = p.output_tok_s;
     x["completed"] = p.completed;
     x["load_cov"] = p.load_cov;
@@ -73,20 +82,31 @@ boost::json::object report_json(const RunReport& r) {
 
 std::string format_table(const RunReport& r) {
   std::ostringstream out;
+  if (!r.description.empty()) out << r.description << "\n";
   out << "workload " << r.workload << ", " << r.workers << " workers, rate scale " << fmt("%g", r.rate_scale)
       << ": upper bound hit rate " << fmt("%.1f%%", 100 * r.upper_bound_hit_rate) << ", capacity bound "
       << fmt("%.1f%%", 100 * r.capacity_bound_hit_rate) << "\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%-24s %6s %8s %8s %8s %8s %8s %8s %8s %9s %6s %6s %10s %8s\n", "policy", "hit%",
-                "ttft", "p50", "p90", "p99", "cold", "itl_ms", "e2e", "out_tok/s", "done", "cov", "evicted",
-                "dec_us");
+  std::snprintf(line, sizeof line, "%-24s %6s %8s %8s %8s %8s %8s %7s %7s %8s %8s %9s %6s %6s %10s %8s\n",
+                "policy", "hit%", "ttft", "p50", "p90", "p99", "cold", "itl_ms", "itl_p99", "e2e", "e2e_p99",
+                "out_tok/s", "done", "cov", "evicted", "dec_us");
   out << line;
   for (const PolicyResult& p : r.policies) {
     std::snprintf(line, sizeof line,
-                  "%-24s %6.1f %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %8.2f %9.0f %6zu %6.2f %10llu %8.1f\n",
+                  "%-24s %6.1f %8.3f %8.3f %8.3f %8.3f %8.3f %7.2f %7.2f %8.2f %8.2f %9.0f %6zu %6.2f %10llu %8.1f\n",
                   p.name.c_str(), 100 * p.hit_rate, p.ttft.mean, p.ttft.p50, p.ttft.p90, p.ttft.p99, p.ttft_cold.mean,
-                  1000 * p.itl_mean_s, p.e2e_mean_s, p.output_tok_s, p.completed, p.load_cov,
-                  static_cast<unsigned long long>(p.evicted_blocks), p.decision_us_p50);
+                  1000 * p.itl_mean_s, 1000 * p.itl_p99_s, p.e2e_mean_s, p.e2e_p99_s, p.output_tok_s, p.completed,
+                  p.load_cov, static_cast<unsigned long long>(p.evicted_blocks), p.decision_us_p50);
+    out << line;
+  }
+  for (const PolicyResult& p : r.policies) {
+    const auto& c = p.calibration;
+    if (c.ttft_count == 0) continue;
+    std::snprintf(line, sizeof line,
+                  "calibration %s: |observed/estimated - 1| TTFT median %.1f%% p90 %.1f%% (%zu requests), "
+                  "ITL median %.1f%% p90 %.1f%% (%zu)\n",
+                  p.name.c_str(), 100 * c.ttft_median, 100 * c.ttft_p90, c.ttft_count, 100 * c.itl_median,
+                  100 * c.itl_p90, c.itl_count);
     out << line;
   }
   return out.str();

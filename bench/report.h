@@ -1,11 +1,13 @@
 // Output of `kvroute-bench simulate`: the side-by-side table, the JSON document and SVG plots.
 //
 // JSON shape (one document per rate scale; a sweep writes {"sweep": [documents...]}):
-//   {"workload": "conversation_trace", "workers": 8, "rate_scale": 1.0,
+//   {"workload": "conversation_trace", "workers": 8, "rate_scale": 1.0, "description" (family draws only),
 //    "upper_bound_hit_rate": 0.37, "capacity_bound_hit_rate": 0.14,
 //    "policies": [{"name": "kv_cost", "hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-//                  "itl_mean_s", "e2e_mean_s", "output_tok_s", "completed", "load_cov", "evicted_blocks",
-//                  "decision_us_p50", plus extras: "mode", "ttft_cold_mean_s", "ttft_warm_mean_s",
+//                  "itl_mean_s", "itl_p99_s", "e2e_mean_s", "e2e_p99_s", "output_tok_s", "completed", "load_cov",
+//                  "evicted_blocks", "decision_us_p50", "calibration" (policies that estimate: |observed /
+//                  estimated - 1| of TTFT and ITL, "ttft_median_abs_err", "ttft_p90_abs_err", "itl_median_abs_err",
+//                  "itl_p90_abs_err", "ttft_count", "itl_count"), plus extras: "mode", "ttft_cold_mean_s", "ttft_warm_mean_s",
 //                  "cold_requests", "warm_requests", "requests_cov", "preemptions", "decision_us_p99"}]}
 // Everything but decision_us_* is a deterministic function of the inputs and the seed.
 //
@@ -23,6 +25,7 @@ namespace kvroute::bench {
 
 struct RunReport {
   std::string workload;
+  std::string description;              // the draw of a family workload (printed above the table)
   std::size_t workers = 0;
   double rate_scale = 1.0;
   double upper_bound_hit_rate = 0;

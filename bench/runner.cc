@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "bench/bounds.h"
+#include "bench/family.h"
 #include "bench/generators.h"
 #include "bench/mooncake.h"
 #include "util/split.h"
@@ -59,7 +60,9 @@ std::string simulate_usage() {
          "\n"
          "  --trace FILE            Mooncake-format trace (JSON lines: timestamp ms, input_length, output_length,\n"
          "                          hash_ids, optional session_id)\n"
-         "  --workload NAME         built-in generator: " + gens + "\n"
+         "  --workload NAME         built-in generator: " + gens + ",\n"
+         "                          or family: one workload drawn at random by --seed (bench/family.h; the draw is\n"
+         "                          printed above the table)\n"
          "  --workers N             fleet size (default 8)\n"
          "  --model NAME            model profile (default qwen3-8b)\n"
          "  --gpu NAME              GPU profile (default h100-80gb)\n"
@@ -168,6 +171,13 @@ Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
 
 Result<Workload> load_workload(const BenchConfig& c) {
   if (!c.trace.empty()) return read_mooncake_trace(c.trace, MooncakeOptions{c.sim.model, c.max_requests});
+  if (c.workload == "family") {
+    auto cfg = sim::EngineConfig::make(c.sim.model, c.sim.gpu);
+    if (!cfg) return cfg.error();
+    FamilyDraw d = draw_family(c.sim.seed);
+    if (c.max_requests > 0) d.requests = c.max_requests;
+    return generate_family(d, FamilyFleet{c.sim.workers, *cfg, c.sim.model});
+  }
   GeneratorOptions g;
   g.seed = c.sim.seed;
   g.requests = c.max_requests;
@@ -288,6 +298,7 @@ Result<RunReport> run_policies(const Workload& workload, const BenchConfig& conf
   rep.workload = workload.name;
   rep.workers = o.workers;
   rep.rate_scale = rate_scale;
+  rep.description = workload.description;
   rep.upper_bound_hit_rate = bounds->upper;
   rep.capacity_bound_hit_rate = bounds->capacity;
   for (auto& r : results) {
@@ -323,6 +334,7 @@ int run_simulate_command(const std::vector<std::string>& args) {
   if (!config) return report_args_error("kvroute-bench simulate", config.error());
   auto workload = load_workload(*config);
   if (int rc = report_workload_error("kvroute-bench simulate", workload)) return rc;
+  if (!workload->description.empty()) std::cerr << "[simulate] " << workload->description << "\n";
   std::cerr << "[simulate] " << workload->name << ": " << workload->requests.size() << " requests, "
             << workload->prompt_tokens() << " prompt tokens, " << workload->duration_s() << " s\n";
   std::vector<double> scales = config->sweep.empty() ? std::vector<double>{config->sim.rate_scale} : config->sweep;

@@ -121,9 +121,11 @@ void RequestTally::add(double ttft_s, double e2e_s, double decode_s, std::uint32
   ttft_.push_back(ttft_s);
   (2ull * cached >= prompt ? warm_ : cold_).push_back(ttft_s);
   e2e_sum_ += e2e_s;
+  e2e_.push_back(e2e_s);
   if (itl_tokens >= 2) {
     itl_num_ += decode_s;
     itl_den_ += itl_tokens - 1;
+    itl_.push_back(decode_s / (itl_tokens - 1));
   }
   cached_ += cached;
   prompt_ += prompt;
@@ -140,10 +142,19 @@ double RequestTally::fill(PolicyResult& res) {
   res.ttft_warm = stats_of(warm_);
   res.e2e_mean_s = res.completed ? e2e_sum_ / static_cast<double>(res.completed) : 0.0;
   res.itl_mean_s = itl_den_ > 0 ? itl_num_ / itl_den_ : 0.0;
+  res.itl_p99_s = stats_of(itl_).p99;
+  res.e2e_p99_s = stats_of(e2e_).p99;
+  const LatencyStats te = stats_of(ttft_err_), ie = stats_of(itl_err_);
+  res.calibration = {te.p50, te.p90, ie.p50, ie.p90, te.count, ie.count};
   std::sort(ttft_.begin(), ttft_.end());
   res.ttfts = std::move(ttft_);
   ttft_.clear();
   return last_ > first_ ? static_cast<double>(output_) / (last_ - first_) : 0.0;
+}
+
+void RequestTally::add_estimate(double ttft_s, double ttft_est_s, double itl_s, double itl_est_s) {
+  if (ttft_est_s > 0) ttft_err_.push_back(std::abs(ttft_s / ttft_est_s - 1.0));
+  if (itl_est_s > 0 && itl_s > 0) itl_err_.push_back(std::abs(itl_s / itl_est_s - 1.0));
 }
 
 double coefficient_of_variation(const std::vector<double>& v) {
@@ -247,6 +258,7 @@ class FleetSim {
     // The same requests with their prefill estimates, by request id (as backends::Worker keeps them).
     policy::PrefillQueue prefill_queue;
     std::uint64_t active_decode = 0;
+    std::uint64_t inflight_kv = 0;  // as backends::Worker: uncached prompt + output tokens of requests in flight
     // Last polled metrics.
     std::uint32_t running = 0, waiting = 0;
     double kv_usage = 0;
@@ -277,13 +289,15 @@ class FleetSim {
     double first_token = -1;
     double finish = -1;
     double queue_est = 0;
-    double estimate = 0;                 // the pick's TTFT estimate (debug dump)
+    double estimate = 0;                 // the pick's TTFT estimate (calibration, debug dump)
+    double itl_estimate = 0;             // the pick's ITL estimate (calibration)
     std::uint64_t pending_at_dispatch = 0;  // worker's pending prefill tokens when routed (debug dump)
     std::uint32_t in_flight_at_dispatch = 0;
     std::uint64_t best_matched = 0;      // longest match any worker had (debug dump)
     int bound = -1;                      // the session's bound worker, -1 if none (debug dump)
     std::uint64_t decode_context = 0;
     std::uint64_t predicted_uncached = 0;
+    std::uint64_t kv_tokens = 0;  // its share of WorkerState::inflight_kv
     std::uint32_t cached = 0;
     hashing::ComputingPrefixes::Token computing = 0;  // the blocks it computes, until its first token
     std::unique_ptr<sim::SimRequest> held;            // while held: the request, sent when released
@@ -377,6 +391,7 @@ class FleetSim {
     f.finish = t;
     f.cached = u.cached_tokens;
     ws.in_flight -= 1;
+    ws.inflight_kv -= std::min(ws.inflight_kv, f.kv_tokens);
     ws.active_decode -= std::min<std::uint64_t>(ws.active_decode, w_.requests[id].prompt_tokens);
     // What the daemon learns from a completed response: TTFT at the client, usage.cached_tokens, ITL.
     policy::RateObservation obs;
@@ -387,6 +402,8 @@ class FleetSim {
     obs.decode_context_tokens = f.decode_context;
     obs.output_tokens = u.completion_tokens;
     obs.itl_s = u.completion_tokens >= 2 ? (t - f.first_token) / (u.completion_tokens - 1) : 0.0;
+    obs.estimated_ttft_s = f.estimate;
+    obs.estimated_itl_s = f.itl_estimate;
     learner_.observe(w, obs);
   }
 
@@ -475,6 +492,7 @@ class FleetSim {
       v.pending_prefill_tokens = ws.pending_prefill;
       ws.prefill_queue.fill(v, t);
       v.active_decode_tokens = ws.active_decode;
+      v.inflight_kv_tokens = ws.inflight_kv;
       v.running = ws.running;
       v.waiting = ws.waiting;
       v.kv_usage = ws.kv_usage;
@@ -520,6 +538,7 @@ class FleetSim {
     f.predicted_uncached = r.prompt_tokens - std::min<std::uint64_t>(r.prompt_tokens, predicted_cached);
     f.queue_est = static_cast<double>(ws.pending_prefill) / std::max(views_[wi].prefill_tokens_per_s, 1.0);
     f.estimate = pick ? pick->estimate_s : 0.0;
+    f.itl_estimate = pick ? pick->itl_estimate_s : 0.0;
     f.pending_at_dispatch = ws.pending_prefill;
     f.in_flight_at_dispatch = ws.in_flight;
     if (uses_match_ && !o_.dump_dir.empty())
@@ -572,6 +591,8 @@ class FleetSim {
                                                  views_[wi].prefill_tokens_per_s),
                          t);
     ws.in_flight += 1;
+    f.kv_tokens = f.predicted_uncached + policy::expected_output_tokens(r.output_tokens);
+    ws.inflight_kv += f.kv_tokens;
     ws.pending_prefill += f.predicted_uncached;
     ws.routed += 1;
   }
@@ -583,6 +604,7 @@ class FleetSim {
     ++rejected_;
     f.submitted = false;
     ws.in_flight -= 1;
+    ws.inflight_kv -= std::min(ws.inflight_kv, f.kv_tokens);
     ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
     computing_.end(w, f.computing);
   }
@@ -615,6 +637,8 @@ class FleetSim {
       if (!f.submitted || f.finish < 0) continue;
       tally.add(f.first_token - f.arrival, f.finish - f.arrival, f.finish - f.first_token, r.output_tokens, f.cached,
                 r.prompt_tokens, r.output_tokens, f.arrival, f.finish);
+      const double itl = r.output_tokens >= 2 ? (f.finish - f.first_token) / (r.output_tokens - 1) : 0.0;
+      tally.add_estimate(f.first_token - f.arrival, f.estimate, itl, f.itl_estimate);
     }
     res.output_tok_s_total = tally.fill(res);
     res.output_tok_s = last_arrival_ > first_arrival_

@@ -84,8 +84,15 @@ struct PolicyResult {
   IndexMode mode = IndexMode::kNone;
   double hit_rate = 0;              // sum(cached tokens as engines report them) / sum(prompt tokens)
   LatencyStats ttft, ttft_cold, ttft_warm;  // warm: the engine reported >= 50 % of the prompt cached
-  double itl_mean_s = 0;
-  double e2e_mean_s = 0;
+  double itl_mean_s = 0;             // token-weighted mean inter-token latency
+  double itl_p99_s = 0;              // p99 over requests of each request's mean inter-token latency
+  double e2e_mean_s = 0, e2e_p99_s = 0;
+  // Calibration of the policy's own estimates (kv_cost): |observed / estimated - 1| over completed requests
+  // whose pick carried an estimate, median and p90, for TTFT and ITL; count 0 when the policy estimates nothing.
+  struct Calibration {
+    double ttft_median = 0, ttft_p90 = 0, itl_median = 0, itl_p90 = 0;
+    std::size_t ttft_count = 0, itl_count = 0;
+  } calibration;
   // Sustained output throughput: output tokens generated while requests were arriving (first to last
   // arrival) / that time. The tail after the last arrival (draining) is left out: it measures one request's
   // luck more than the policy. output_tok_s_total includes it: all output tokens / (last finish - first arrival).
@@ -113,9 +120,12 @@ class RequestTally {
   // Fills completed, hit_rate, the TTFT statistics (and the sorted ttfts), e2e_mean_s and itl_mean_s; returns
   // output tokens over the time from the first start to the last end (0 when that is empty).
   double fill(PolicyResult& res);
+  // The estimates the pick made for a completed request (0: none) against what was observed; fill() reports
+  // the spread of observed / estimated in PolicyResult::calibration.
+  void add_estimate(double ttft_s, double ttft_est_s, double itl_s, double itl_est_s);
 
  private:
-  std::vector<double> ttft_, cold_, warm_;
+  std::vector<double> ttft_, cold_, warm_, itl_, e2e_, ttft_err_, itl_err_;
   double e2e_sum_ = 0, itl_num_ = 0, itl_den_ = 0, first_ = std::numeric_limits<double>::infinity(), last_ = 0;
   std::uint64_t cached_ = 0, prompt_ = 0, output_ = 0;
 };

@@ -35,6 +35,7 @@ struct Request {
 
 struct Workload {
   std::string name;
+  std::string description;  // how a drawn workload was drawn (bench/family.h), empty otherwise
   std::vector<Request> requests;
   bool has_sessions = false;
 

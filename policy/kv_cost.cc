@@ -65,8 +65,6 @@ namespace {
 // Chunked-prefill token budget per engine step (vLLM's default max_num_batched_tokens for chunked prefill
 // on large GPUs is 8192 in V1; smaller budgets only make the decode term larger).
 constexpr double kChunkTokens = 8192.0;
-// Output length assumed for requests that do not say (max_tokens absent).
-constexpr double kDefaultOutputTokens = 256.0;
 // KV usage (blocks in use by requests, cached-but-free blocks excluded, as vLLM reports it) from which the
 // pool counts as full and admission waits for memory.
 constexpr double kFullKvUsage = 0.9;
@@ -149,7 +147,7 @@ class KvCost final : public RoutingPolicy {
     const double matched = static_cast<double>(ctx.matched_tokens(i));
     const double c = std::min(matched, ctx.matched_cpu_blocks(i) * tpb);
     const double m = std::max(0.0, T - matched);
-    const double out = ctx.max_tokens > 0 ? static_cast<double>(ctx.max_tokens) : kDefaultOutputTokens;
+    const double out = expected_output_tokens(ctx.max_tokens);
     const double step = std::max(w.decode_step_s, 0.0);
     const double pending = static_cast<double>(w.pending_prefill_tokens);
     const bool decoding = w.active_decode_tokens > 0 || w.running > 0;
@@ -190,6 +188,13 @@ class KvCost final : public RoutingPolicy {
   }
 
   double estimate(const RoutingContext& ctx, std::size_t i) const override { return terms(ctx, i, 0).ttft; }
+  // The decode step of the worker's batch with this request's context added (prompt and half its output):
+  // architecture section 8, a memory-bound step reads every running sequence's KV.
+  double itl_estimate(const RoutingContext& ctx, std::size_t i) const override {
+    const WorkerView& w = ctx.workers[i];
+    const double out = expected_output_tokens(ctx.max_tokens);
+    return w.decode_step_s + w.decode_step_per_token_s * (static_cast<double>(ctx.prompt_tokens) + out / 2);
+  }
 
   std::optional<Pick> pick(const RoutingContext& ctx) const override {
     // The longest match any healthy worker has (for the duplicate term) and the shortest prefill queue.
@@ -221,7 +226,7 @@ class KvCost final : public RoutingPolicy {
     Reason reason = Reason::kCold;
     if (hit > 0 && hit == most_matched) reason = Reason::kPrefixHit;
     else if (most_matched > 0) reason = Reason::kLoadFallback;
-    return Pick{*best, reason, hit, best_ttft};
+    return Pick{*best, reason, hit, best_ttft, itl_estimate(ctx, *best)};
   }
 
  private:

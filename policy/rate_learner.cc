@@ -1,6 +1,7 @@
 #include "policy/rate_learner.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace kvroute::policy {
 
@@ -42,7 +43,9 @@ void RateLearner::observe(WorkerId worker, const RateObservation& obs) {
                                         static_cast<double>(obs.cached_tokens), 1.0);
     double sample = compute_s > 0 ? work / compute_s : p0 * o_.clamp;
     sample = std::clamp(sample, p0 / o_.clamp, p0 * o_.clamp);
+    if (s.now.prefill_samples == 0) s.now.prefill_tokens_per_s = p0 * fleet_prefill_ratio_;
     ema(s.now.prefill_tokens_per_s, sample);
+    ema(fleet_prefill_ratio_, sample / p0);
     ++s.now.prefill_samples;
   } else if (obs.cpu_tokens >= o_.min_uncached_tokens) {
     const double transfer_s = service - s.now.base_ttft_s -
@@ -54,10 +57,30 @@ void RateLearner::observe(WorkerId worker, const RateObservation& obs) {
   if (obs.output_tokens >= 2 && obs.itl_s > 0) {
     const double modelled = s.now.decode_step_s + s.now.decode_step_per_token_s * static_cast<double>(obs.decode_context_tokens);
     if (modelled > 0) {
-      ema(s.now.decode_correction, std::clamp(obs.itl_s / modelled, 1.0 / o_.clamp, o_.clamp));
+      const double sample = std::clamp(obs.itl_s / modelled, 1.0 / o_.clamp, o_.clamp);
+      if (s.now.decode_samples == 0) s.now.decode_correction = fleet_decode_correction_;
+      ema(s.now.decode_correction, sample);
+      ema(fleet_decode_correction_, sample);
       ++s.now.decode_samples;
     }
   }
+  learn_errors(s, obs);
+}
+
+void RateLearner::learn_errors(State& s, const RateObservation& obs) {
+  if (obs.estimated_ttft_s <= 0 || obs.ttft_s <= 0) return;
+  const double a = o_.alpha;
+  // ln of the ratio, clamped as the rate samples are, so one request stuck behind an unmodelled burst cannot
+  // swing the correction.
+  const double bound = std::log(o_.clamp);
+  const double log_err = std::clamp(std::log(obs.ttft_s / obs.estimated_ttft_s), -bound, bound);
+  if (s.now.error_samples == 0) s.now.ttft_log_error = fleet_ttft_log_error_;
+  s.now.ttft_log_error += a * (log_err - s.now.ttft_log_error);
+  fleet_ttft_log_error_ += a * (log_err - fleet_ttft_log_error_);
+  s.now.ttft_abs_error += a * (std::abs(obs.ttft_s / obs.estimated_ttft_s - 1.0) - s.now.ttft_abs_error);
+  if (obs.estimated_itl_s > 0 && obs.itl_s > 0)
+    s.now.itl_abs_error += a * (std::abs(obs.itl_s / obs.estimated_itl_s - 1.0) - s.now.itl_abs_error);
+  ++s.now.error_samples;
 }
 
 WorkerRates RateLearner::rates(WorkerId worker) const {
@@ -67,11 +90,24 @@ WorkerRates RateLearner::rates(WorkerId worker) const {
 }
 
 void RateLearner::apply(WorkerView& view) const {
-  const WorkerRates r = rates(view.id);
+  WorkerRates r;
+  {
+    std::lock_guard lock(mu_);
+    if (view.id < workers_.size() && workers_[view.id].known) {
+      const State& s = workers_[view.id];
+      r = s.now;
+      if (r.prefill_samples == 0) r.prefill_tokens_per_s = s.prior.prefill_tokens_per_s * fleet_prefill_ratio_;
+      if (r.decode_samples == 0) r.decode_correction = fleet_decode_correction_;
+      if (r.error_samples == 0) r.ttft_log_error = fleet_ttft_log_error_;
+    }
+  }
   view.prefill_tokens_per_s = r.prefill_tokens_per_s;
+  view.base_ttft_s = r.base_ttft_s;
+  view.ttft_correction = std::exp(r.ttft_log_error);
   view.transfer_tokens_per_s = r.transfer_tokens_per_s;
   view.decode_step_s =
       r.decode_correction * (r.decode_step_s + r.decode_step_per_token_s * static_cast<double>(view.active_decode_tokens));
+  view.decode_step_per_token_s = r.decode_correction * r.decode_step_per_token_s;
 }
 
 bool RateLearner::seed(WorkerId worker, const WorkerRates& learned) {

@@ -13,7 +13,8 @@
 // the request at its head in full although it is partly done, which made P look ~30 % too fast at load) (so P_w stays quoted at the reference context whatever the prompt sizes). Samples are clamped to [1/4, 4] x the prior,
 // so one request stuck behind an unmodelled burst cannot swing the rate. The decode step is modelled as
 // step(batch) = decode_step_s + decode_step_per_token_s x batch context tokens (memory-bound decode reads the
-// weights and every running sequence's KV), and an EMA of observed ITL / step(batch) corrects it. X_w keeps its prior unless requests that were mostly loaded from the CPU
+// weights and every running sequence's KV), and an EMA of observed ITL / step(batch) corrects it. The errors of
+// the pick's own estimates are learned too (WorkerRates::ttft_log_error). X_w keeps its prior unless requests that were mostly loaded from the CPU
 // tier show otherwise (same EMA, on the CPU-tier part of the TTFT).
 //
 //   RateLearner learner;
@@ -62,6 +63,13 @@ struct WorkerRates {
   double base_ttft_s = 0.0;        // fixed part of TTFT (learned)
   std::uint64_t prefill_samples = 0;
   std::uint64_t decode_samples = 0;
+  // Self-correction (architecture section 7, "estimates are checked"): for every completed request whose pick
+  // carried estimates, EMAs of ln(observed / estimated) (the correction kv_cost applies to its TTFT estimate is
+  // exp(ttft_log_error)) and of |observed / estimated - 1| (the error, as exported), for TTFT and ITL.
+  double ttft_log_error = 0.0;
+  double ttft_abs_error = 0.0;
+  double itl_abs_error = 0.0;
+  std::uint64_t error_samples = 0;
 };
 
 struct RateObservation {
@@ -73,6 +81,9 @@ struct RateObservation {
   double itl_s = 0;                // mean inter-token latency of the request (0 when < 2 output tokens)
   std::uint64_t decode_context_tokens = 0;  // router-tracked active decode tokens of the worker while it decoded
   std::uint32_t output_tokens = 0;
+  // What the pick estimated for this request (Pick::estimate_s, Pick::itl_estimate_s); 0 when it did not.
+  double estimated_ttft_s = 0;
+  double estimated_itl_s = 0;
 };
 
 struct RateLearnerOptions {
@@ -92,7 +103,10 @@ class RateLearner {
   void set_prior(WorkerId worker, const WorkerRates& prior);
   void observe(WorkerId worker, const RateObservation& obs);
   WorkerRates rates(WorkerId worker) const;
-  // Copies the learned rates into a WorkerView (view.id selects the worker).
+  // Copies the learned rates into a WorkerView (view.id selects the worker). A worker that has not completed
+  // a request of a kind yet (no prefill, decode or estimate sample) is given the fleet's learned ratio to the
+  // prior for it: an unvisited worker looks like the workers that were measured, not like an uncorrected
+  // prior, so it gets traffic and is measured in turn (a prior never corrected is how a worker starves).
   void apply(WorkerView& view) const;
   // Rates learned elsewhere (another router replica): taken as this worker's current rates while nothing was
   // learned here yet; false when samples of its own were already taken (they win).
@@ -106,10 +120,14 @@ class RateLearner {
     bool known = false;
   };
   State& state(WorkerId w);
+  void learn_errors(State& s, const RateObservation& obs);  // with mu_ held
 
   RateLearnerOptions o_;
   mutable std::mutex mu_;
   std::vector<State> workers_;  // guarded by mu_
+  // Fleet-wide EMAs over every worker's samples (guarded by mu_): learned P / prior P, the decode correction,
+  // and ln(observed / estimated TTFT); what apply() gives a worker without samples of its own.
+  double fleet_prefill_ratio_ = 1.0, fleet_decode_correction_ = 1.0, fleet_ttft_log_error_ = 0.0;
 };
 
 }  // namespace kvroute::policy

@@ -29,6 +29,10 @@ double RoutingPolicy::estimate(const RoutingContext&, std::size_t) const {
   return std::numeric_limits<double>::quiet_NaN();
 }
 
+double RoutingPolicy::itl_estimate(const RoutingContext&, std::size_t) const {
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
 namespace detail {
 
 std::optional<std::size_t> least_loaded(const RoutingContext& ctx) {

@@ -36,6 +36,9 @@ struct WorkerView {
   std::uint32_t in_flight = 0;                // requests sent and not finished
   std::uint64_t pending_prefill_tokens = 0;   // uncached prompt tokens sent and not yet past first token
   std::uint64_t active_decode_tokens = 0;     // context tokens of requests in decode
+  // KV tokens the requests in flight will have allocated when they finish: per request its uncached prompt
+  // tokens plus its output (max_tokens); the cached prefix blocks they share are resident and not counted.
+  std::uint64_t inflight_kv_tokens = 0;
   // The same pending requests in estimated seconds, each priced when it was sent with prefill_seconds() of its
   // uncached tokens after its cached ones (policy/rate_learner.h): their sum, the oldest one's, and the time
   // since the worker last returned a first token (or since the first of them was sent, if later).
@@ -52,6 +55,9 @@ struct WorkerView {
   double prefill_tokens_per_s = 10000.0;      // P_w
   double transfer_tokens_per_s = 100000.0;    // X_w (CPU tier -> GPU)
   double decode_step_s = 0.02;                // time of one decode step at the current batch
+  double decode_step_per_token_s = 0;         // what one more context token in the batch adds to a step
+  double base_ttft_s = 0;                     // fixed part of TTFT (front end, first step), learned
+  double ttft_correction = 1;                 // learned observed / estimated TTFT (RateLearner); informational
   std::uint32_t max_running = 256;            // running-sequence cap (batch size)
 };
 
@@ -59,6 +65,13 @@ struct WorkerView {
 inline std::uint64_t tokens_of_blocks(std::uint64_t blocks, double tokens_per_block, std::uint64_t prompt_tokens) {
   const auto tokens = static_cast<std::uint64_t>(std::llround(static_cast<double>(blocks) * tokens_per_block));
   return std::min(tokens, prompt_tokens);
+}
+
+// Output tokens a request is expected to generate: its max_tokens, or, when it does not say, 256 (a prior:
+// the order of a chat answer; it only sizes the decode and KV terms of kv_cost for such requests).
+inline constexpr std::uint32_t kDefaultOutputTokens = 256;
+inline std::uint32_t expected_output_tokens(std::uint32_t max_tokens) {
+  return max_tokens > 0 ? max_tokens : kDefaultOutputTokens;
 }
 
 struct RoutingContext {
@@ -88,6 +101,7 @@ struct Pick {
   Reason reason = Reason::kCold;
   std::uint64_t predicted_cached_tokens = 0;
   double estimate_s = 0.0;                     // predicted TTFT, when the policy models it (else 0)
+  double itl_estimate_s = 0.0;                 // predicted mean inter-token latency there (else 0)
 };
 
 class RoutingPolicy {
@@ -99,6 +113,8 @@ class RoutingPolicy {
   // Predicted TTFT of sending the request to workers[i]; NaN when the policy has no latency model. Session
   // affinity uses it to decide whether a bound worker is still good enough.
   virtual double estimate(const RoutingContext& ctx, std::size_t i) const;
+  // Predicted mean inter-token latency of the request on workers[i]; NaN without a latency model.
+  virtual double itl_estimate(const RoutingContext& ctx, std::size_t i) const;
   // Whether the policy reads prefix matches (the router skips matching for prefix-blind policies).
   virtual bool uses_prefix_match() const { return false; }
   // Whether the router may hold a request sent where its prefix is still being computed by an earlier one

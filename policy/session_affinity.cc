@@ -26,6 +26,7 @@ class SessionAffinity final : public RoutingPolicy {
   bool uses_prefix_match() const override { return inner_->uses_prefix_match(); }
   bool waits_for_computing_prefix() const override { return inner_->waits_for_computing_prefix(); }
   double estimate(const RoutingContext& ctx, std::size_t i) const override { return inner_->estimate(ctx, i); }
+  double itl_estimate(const RoutingContext& ctx, std::size_t i) const override { return inner_->itl_estimate(ctx, i); }
 
   std::optional<Pick> pick(const RoutingContext& ctx) const override {
     std::optional<Pick> best = inner_->pick(ctx);
@@ -40,7 +41,9 @@ class SessionAffinity final : public RoutingPolicy {
                                  static_cast<double>(target.in_flight) + 1.0 > kMoveFillLimit * target.max_running;
     const double bound_estimate = inner_->estimate(ctx, bound);
     if (target_near_cap || std::isnan(bound_estimate) || bound_estimate <= best->estimate_s + margin_) {
-      return Pick{bound, Reason::kSession, ctx.matched_tokens(bound), std::isnan(bound_estimate) ? 0.0 : bound_estimate};
+      const double itl = inner_->itl_estimate(ctx, bound);
+      return Pick{bound, Reason::kSession, ctx.matched_tokens(bound), std::isnan(bound_estimate) ? 0.0 : bound_estimate,
+                  std::isnan(itl) ? 0.0 : itl};
     }
     return best;
   }

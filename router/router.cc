@@ -193,10 +193,12 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   // routed chain's missing blocks as predicted at once (as Dynamo's KV router tracks in-flight blocks), the
   // events confirm them, and whatever is still unconfirmed when the request ends is dropped. Only token
   // chains can be confirmed (events carry token ids), so text chains are not recorded.
+  d.kv_tokens = d.uncached_tokens + policy::expected_output_tokens(request.max_tokens);
   d.prefill_ticket = d.worker->begin(
-      d.uncached_tokens, policy::prefill_seconds(static_cast<double>(d.uncached_tokens),
-                                                 static_cast<double>(request.prompt_tokens - d.uncached_tokens),
-                                                 chosen.prefill_tokens_per_s));
+      d.uncached_tokens,
+      policy::prefill_seconds(static_cast<double>(d.uncached_tokens),
+                              static_cast<double>(request.prompt_tokens - d.uncached_tokens), chosen.prefill_tokens_per_s),
+      d.kv_tokens);
   if (!d.worker->precise()) {
     index_.record(d.worker->id(), request.chain.hashes);
   } else if (request.chain.unit == hashing::Unit::kToken) {
@@ -424,7 +426,7 @@ void Router::complete(Decision& d, const Outcome& outcome) {
     if (d.background && !d.streamed && outcome.ok && !d.response_id.empty() && !d.worker->removed()) {
       hold_background(d);
     } else {
-      d.worker->end(d.prefill_ticket, d.first_byte_seen, d.uncached_tokens, d.prompt_tokens);
+      d.worker->end(d.prefill_ticket, d.first_byte_seen, d.uncached_tokens, d.prompt_tokens, d.kv_tokens);
     }
   }
   metrics_.request_seconds(total);
@@ -448,6 +450,8 @@ void Router::complete(Decision& d, const Outcome& outcome) {
                   static_cast<double>(u.completion_tokens - 1);
     }
     obs.decode_context_tokens = d.decode_context_tokens;
+    obs.estimated_ttft_s = d.pick.estimate_s;
+    obs.estimated_itl_s = d.pick.itl_estimate_s;
     learner_.observe(d.worker->id(), obs);
   }
   if (auto s = metrics_.worker(d.worker->id())) {
@@ -480,7 +484,8 @@ void Router::complete(Decision& d, const Outcome& outcome) {
 void Router::hold_background(const Decision& d) {
   HeldBackground h{d.worker, d.first_byte_seen, d.uncached_tokens, d.prompt_tokens, d.prefill_ticket,
                    std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                         std::chrono::duration<double>(config_.request_timeout_s))};
+                                                         std::chrono::duration<double>(config_.request_timeout_s)),
+                   d.kv_tokens};
   std::optional<HeldBackground> replaced;
   std::size_t held = 0;
   {
@@ -545,7 +550,7 @@ void Router::expire_background(std::chrono::steady_clock::time_point now) {
 }
 
 void Router::release(const HeldBackground& h) {
-  h.worker->end(h.prefill_ticket, h.first_token, h.uncached, h.context);
+  h.worker->end(h.prefill_ticket, h.first_token, h.uncached, h.context, h.kv_tokens);
   if (h.worker->removed()) return;
   if (auto s = metrics_.worker(h.worker->id())) s->in_flight->Set(h.worker->in_flight());
 }

@@ -52,6 +52,7 @@ struct Decision {
   double queue_s = 0;              // prefill work the router believed queued ahead at dispatch (seconds)
   std::uint64_t prefill_ticket = 0;  // its place in the worker's prefill queue (backends::Worker::begin)
   std::uint64_t decode_context_tokens = 0;  // the worker's active decode tokens at dispatch
+  std::uint64_t kv_tokens = 0;     // KV it will have allocated at its end (backends::Worker::begin)
   std::vector<hashing::BlockHash> expected;  // precise mode: blocks predicted at dispatch, settled at the end
   // Prompt tokens one LRU holding the whole KV capacity of the worker's pool would have served
   // (router/cache_pools.h); unset while a healthy worker of the pool has an unknown capacity. In the router's
@@ -198,6 +199,7 @@ class Router {
     std::uint64_t uncached = 0, context = 0;
     std::uint64_t prefill_ticket = 0;
     std::chrono::steady_clock::time_point deadline;
+    std::uint64_t kv_tokens = 0;
   };
   void hold_background(const Decision& d);
   // Lets go of the held responses whose deadline has passed (and the oldest beyond the cap).

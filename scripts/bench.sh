@@ -6,6 +6,12 @@
 # under four more seeds; and the two trace cells with the thinnest margins at nearby loads (the "bands").
 #
 #   scripts/bench.sh TRACE_DIR [OUT_DIR]
+#   scripts/bench.sh family [OUT_DIR]
+#
+# `family` runs every policy on 50 workloads of the workload family (kvroute-bench simulate --workload family
+# --seed N, N = 1..50, or the seeds in $SEEDS), writes OUT_DIR/family/seed_N.{json,txt} (each table opens with
+# its draw), then judges kv_cost against the best other policy per figure: OUT_DIR/family/family.md (all seeds
+# and the totals) and OUT_DIR/family/family_ratios.svg (kv_cost's ratio to the best, per figure).
 #
 # TRACE_DIR is the directory where you put the Mooncake traces (conversation_trace.jsonl and
 # synthetic_trace.jsonl from https://github.com/kvcache-ai/Mooncake, folder FAST25-release/traces); without
@@ -26,6 +32,22 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" --target kvroute-bench
 BENCH="$BUILD_DIR/bin/kvroute-bench"
 mkdir -p "$OUT_DIR"
+
+if [[ "$TRACE_DIR" == family ]]; then
+  dir="$OUT_DIR/family"
+  mkdir -p "$dir"
+  files=()
+  for seed in ${SEEDS:-$(seq 1 50)}; do
+    echo "== family seed $seed" >&2
+    "$BENCH" simulate --workload family --seed "$seed" --workers 8 --model qwen3-8b --gpu h100-80gb \
+      --prefix-commit "$PREFIX_COMMIT" --no-progress --json "$dir/seed_$seed.json" > "$dir/seed_$seed.txt"
+    head -1 "$dir/seed_$seed.txt" >&2
+    files+=("$dir/seed_$seed.json")
+  done
+  "$BENCH" family-summary --out "$dir" "${files[@]}"
+  echo "results in $dir" >&2
+  exit 0
+fi
 
 run() {  # [SEED=N] run NAME ARGS...: three loads around the knee, every policy, JSON + plots + table
   local name="$1"; shift

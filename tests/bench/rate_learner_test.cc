@@ -90,5 +90,59 @@ TEST(RateLearner, WorkersAreIndependent) {
   EXPECT_DOUBLE_EQ(l.rates(1).prefill_tokens_per_s, WorkerRates{}.prefill_tokens_per_s);
 }
 
+// A worker that has served nothing yet is priced with what the fleet learned, not with its uncorrected prior:
+// three identical workers whose prior decode step is 4x too slow, two of them measured, the third must not look
+// slow (that is how a worker starves: it gets no traffic because its prior looks slow, and never learns).
+TEST(RateLearner, AnUnvisitedWorkerTakesTheFleetsLearnedRates) {
+  RateLearner l;
+  for (WorkerId w = 0; w < 3; ++w) l.set_prior(w, prior());
+  RateObservation o;
+  o.uncached_tokens = 5000;
+  o.ttft_s = 0.05 + prefill_seconds(5000, 0, 20000.0);
+  o.output_tokens = 100;
+  o.itl_s = 0.005;
+  for (int i = 0; i < 300; ++i) l.observe(static_cast<WorkerId>(i % 2), o);
+  WorkerView measured, unvisited;
+  measured.id = 0;
+  unvisited.id = 2;
+  l.apply(measured);
+  l.apply(unvisited);
+  EXPECT_NEAR(unvisited.decode_step_s, 0.005, 0.0005);
+  EXPECT_NEAR(unvisited.decode_step_s, measured.decode_step_s, 0.0005);
+  EXPECT_NEAR(unvisited.prefill_tokens_per_s, measured.prefill_tokens_per_s, 0.05 * measured.prefill_tokens_per_s);
+  // Its own first samples start from there, not from the prior.
+  l.observe(2, o);
+  EXPECT_NEAR(l.rates(2).decode_step_s * l.rates(2).decode_correction, 0.005, 0.0005);
+}
+
+// Every completed request's estimates are checked: the error is kept per worker (exported through rates())
+// and its log ratio becomes the correction kv_cost applies to its TTFT estimate.
+TEST(RateLearner, LearnsTheErrorOfTheEstimates) {
+  RateLearner l;
+  l.set_prior(0, prior());
+  l.set_prior(1, prior());
+  RateObservation o;
+  o.ttft_s = 0.3;
+  o.estimated_ttft_s = 0.1;  // observed 3x the estimate
+  o.itl_s = 0.02;
+  o.estimated_itl_s = 0.02;
+  o.output_tokens = 10;
+  for (int i = 0; i < 400; ++i) l.observe(0, o);
+  const WorkerRates r = l.rates(0);
+  EXPECT_NEAR(r.ttft_abs_error, 2.0, 0.01);
+  EXPECT_NEAR(r.itl_abs_error, 0.0, 0.01);
+  EXPECT_EQ(r.error_samples, 400u);
+  WorkerView v;
+  v.id = 0;
+  l.apply(v);
+  EXPECT_NEAR(v.ttft_correction, 3.0, 0.05);
+  // Outliers are clamped to 4x either way.
+  o.ttft_s = 100;
+  for (int i = 0; i < 400; ++i) l.observe(1, o);
+  v.id = 1;
+  l.apply(v);
+  EXPECT_NEAR(v.ttft_correction, 4.0, 0.05);
+}
+
 }  // namespace
 }  // namespace kvroute::policy

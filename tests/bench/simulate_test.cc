@@ -102,18 +102,51 @@ TEST(Simulate, AllPoliciesSmoke) {
     EXPECT_LE(p.ttft.p50, p.ttft.p99) << p.name;
     EXPECT_GT(p.output_tok_s, 0) << p.name;
     EXPECT_GT(p.itl_mean_s, 0) << p.name;
+    EXPECT_GE(p.itl_p99_s, p.itl_mean_s * 0.5) << p.name;
+    EXPECT_GE(p.e2e_p99_s, p.e2e_mean_s) << p.name;
     EXPECT_GE(p.hit_rate, 0) << p.name;
+    // Only kv_cost estimates latencies; its estimates are compared with every completed request.
+    if (p.name == "kv_cost") {
+      EXPECT_EQ(p.calibration.ttft_count, 200u);
+      EXPECT_GT(p.calibration.itl_count, 0u);
+      EXPECT_LE(p.calibration.ttft_median, p.calibration.ttft_p90);
+    } else {
+      EXPECT_EQ(p.calibration.ttft_count, 0u) << p.name;
+    }
     EXPECT_LE(p.hit_rate, r->upper_bound_hit_rate + 1e-9) << p.name;
   }
   const std::string json = to_json({*r});
   for (const char* key : {"\"workload\"", "\"workers\"", "\"upper_bound_hit_rate\"", "\"capacity_bound_hit_rate\"",
                           "\"policies\"", "\"hit_rate\"", "\"ttft_mean_s\"", "\"ttft_p50_s\"", "\"ttft_p90_s\"",
-                          "\"ttft_p99_s\"", "\"itl_mean_s\"", "\"e2e_mean_s\"", "\"output_tok_s\"", "\"completed\"",
+                          "\"ttft_p99_s\"", "\"itl_mean_s\"", "\"itl_p99_s\"", "\"e2e_mean_s\"", "\"e2e_p99_s\"",
+                          "\"calibration\"", "\"ttft_median_abs_err\"", "\"output_tok_s\"", "\"completed\"",
                           "\"load_cov\"", "\"evicted_blocks\"", "\"decision_us_p50\""})
     EXPECT_NE(json.find(key), std::string::npos) << key;
   EXPECT_NE(format_table(*r).find("kv_cost"), std::string::npos);
+  EXPECT_NE(format_table(*r).find("calibration kv_cost"), std::string::npos);
+  EXPECT_NE(format_table(*r).find("e2e_p99"), std::string::npos);
   const std::string svg = svg_line_chart("t", "x", "y", {{"a", {{0.1, 0.5}, {1.0, 1.0}}}}, true);
   EXPECT_NE(svg.find("<polyline"), std::string::npos);
+}
+
+TEST(RequestTally, TailsAndCalibration) {
+  RequestTally t;
+  // 100 requests: ITL 10 ms except one at 1 s, end-to-end 1..100 s; estimates 2x off for half of them.
+  for (int i = 1; i <= 100; ++i) {
+    const double itl = i == 100 ? 1.0 : 0.01;
+    t.add(0.1, i, itl * 10, 11, 0, 100, 11, 0, i);
+    t.add_estimate(0.1, i % 2 ? 0.1 : 0.05, itl, itl);
+  }
+  PolicyResult r;
+  t.fill(r);
+  EXPECT_NEAR(r.e2e_mean_s, 50.5, 1e-9);
+  EXPECT_NEAR(r.e2e_p99_s, 99.01, 1e-9);
+  EXPECT_GT(r.itl_p99_s, 0.01);
+  EXPECT_NEAR(r.itl_mean_s, (99 * 0.1 + 10) / 1000, 1e-12);
+  EXPECT_EQ(r.calibration.ttft_count, 100u);
+  EXPECT_NEAR(r.calibration.ttft_median, 0.5, 1e-9);  // half exact, half at observed / estimated = 2
+  EXPECT_NEAR(r.calibration.ttft_p90, 1.0, 1e-9);
+  EXPECT_NEAR(r.calibration.itl_p90, 0.0, 1e-12);
 }
 
 TEST(Simulate, PrefixAwareBeatsRoundRobinOnSharedPrefixes) {
@@ -167,7 +200,7 @@ TEST(Simulate, PrefixHoldSavesRecomputingAPrefixBeingComputed) {
   }
   finalize(w);
   BenchConfig c;
-  c.sim.workers = 2;
+  c.sim.workers = 1;  // on an idle fleet a second worker would compute the prefix at no cost to anyone
   c.policies = {"kv_cost"};
   c.progress = false;
   auto cached_share = [&](double hold, sim::PrefixCommit commit) {
