@@ -26,7 +26,7 @@ FROM ${DEBIAN_IMAGE} AS runtime
 # of them is not needed: add or remove packages here.
 RUN apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      libboost-json1.81.0 libprotobuf32 libprometheus-cpp-core1.0 libyaml-cpp0.7 libzmq5 \
+      libboost-json1.81.0 libhiredis0.14 libprotobuf32 libprometheus-cpp-core1.0 libssl3 libxxhash0 libyaml-cpp0.7 libzmq5 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 65532 kvroute \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin kvroute

@@ -45,10 +45,11 @@ void Exchange::build_request_head(std::string_view body) {
   up_head_.append(req.target());
   up_head_.append(" HTTP/1.1\r\n");
   // Hop-by-hop fields, and every field the client's Connection header names, stay on this hop (RFC 9110
-  // section 7.6.1).
-  const HopByHopFilter hop(req.base());
+  // section 7.6.1); hop_by_hop() also drops the framing fields, which are written anew below.
+  const HopByHopFilter named(req.base());
   for (const auto& f : req) {
-    if (!hop(f.name_string()) && !beast::iequals(f.name_string(), "x-request-id")) {
+    if (!hop_by_hop(f.name(), f.name_string()) && !named(f.name_string()) &&
+        !beast::iequals(f.name_string(), "x-request-id")) {
       append_field(up_head_, f.name_string(), f.value());
     }
   }

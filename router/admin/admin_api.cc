@@ -3,6 +3,7 @@
 #include <boost/json.hpp>
 
 #include "router/log.h"
+#include "router/replica_sync.h"
 
 namespace kvroute::router::admin {
 
@@ -88,6 +89,25 @@ json::object shared_cache_json(Services& svc) {
   return sc;
 }
 
+// Whether this replica shares state with the others (--shared-state), and how that is going.
+void add_shared_state(Services& svc, json::object& out) {
+  if (auto s = svc.router.shared_state_status()) {
+    out["shared_state"] = shared_state_json(*s);
+  } else {
+    out["shared_state"] = json::object{{"enabled", false}};
+  }
+}
+
+// GET /admin/status: the replica as a whole (policy, sessions, shared state); /admin/workers adds each worker.
+Response status(Services& svc) {
+  json::object out;
+  out["policy"] = std::string(svc.router.policy().name());
+  out["sessions"] = svc.router.session_count();
+  out["index_entries"] = svc.router.index().entries();
+  add_shared_state(svc, out);
+  return json_response(200, json::serialize(out));
+}
+
 Response list_workers(Services& svc) {
   json::array arr;
   const auto workers = svc.registry.snapshot();
@@ -98,6 +118,7 @@ Response list_workers(Services& svc) {
   out["sessions"] = svc.router.session_count();
   out["index_entries"] = svc.router.index().entries();
   out["shared_cache"] = shared_cache_json(svc);
+  add_shared_state(svc, out);
   return json_response(200, json::serialize(out));
 }
 
@@ -200,6 +221,7 @@ Response serve(const StringRequest& req, Services& svc) {
   const auto method = req.method();
   if (path == "/metrics") return metrics_page(svc);
   if (path == "/health") return json_response(200, R"({"status":"ok"})");
+  if (path == "/admin/status" && method == http::verb::get) return status(svc);
   if (path == "/admin/workers" && method == http::verb::get) return list_workers(svc);
   if (path == "/admin/workers" && method == http::verb::post) return add_worker(req, svc);
   if (method == http::verb::get) {

@@ -137,6 +137,12 @@ class Replicas {
     }
     return false;
   }
+  // /admin/status's "shared_state": {"up": ...}, as an operator reads it.
+  bool status_says_up(int replica) const {
+    auto r = http(admin_[replica], "GET", "/admin/status");
+    if (r.status != 200) return false;
+    return json::parse(r.body).at("shared_state").at("up").as_bool();
+  }
 
  private:
   const Redis* redis_;
@@ -365,6 +371,7 @@ TEST(ReplicasE2E, RedisKilledMidRunFailsNoRequest) {
   redis.kill();
   std::this_thread::sleep_for(1500ms);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(metric(fleet.admin(i), "kvroute_shared_state_up"), 0) << i;
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(fleet.status_says_up(i)) << i;
   redis.start();
   const auto back = std::chrono::steady_clock::now();
   bool up = false;
@@ -376,6 +383,7 @@ TEST(ReplicasE2E, RedisKilledMidRunFailsNoRequest) {
   std::printf("sharing back %.2f s after redis returned\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - back).count());
   EXPECT_TRUE(up) << "sharing did not come back within 5 s of Redis's return";
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(fleet.status_says_up(i)) << i;
   std::this_thread::sleep_for(500ms);
   stop = true;
   for (auto& c : clients) c.join();

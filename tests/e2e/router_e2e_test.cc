@@ -1139,7 +1139,8 @@ TEST(RouterE2E, Http10ClientsGetStreamsEndedByClose) {
   const std::string body = R"({"model":"qwen3-8b","prompt":"hi","max_tokens":5,"stream":true})";
   for (const std::string version : {"1.0", "1.1"}) {
     SCOPED_TRACE(version);
-    const std::string request = "POST /v1/completions HTTP/" + version + "\r\nContent-Type: application/json\r\n" +
+    // Host: HTTP/1.1 requires it (RFC 9112 section 3.2), and the router answers 400 without it.
+    const std::string request = "POST /v1/completions HTTP/" + version + "\r\nHost: x\r\nContent-Type: application/json\r\n" +
                                 (version == "1.1" ? "Connection: close\r\n" : "") + "Content-Length: " +
                                 std::to_string(body.size()) + "\r\n\r\n" + body;
     const auto t0 = std::chrono::steady_clock::now();
