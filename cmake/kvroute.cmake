@@ -37,6 +37,11 @@ function(kvroute_test)
   if(ARG_LABELS)
     set_tests_properties(${ARG_NAME} PROPERTIES LABELS "${ARG_LABELS}")
   endif()
+  # End-to-end tests start servers on loopback ports they probe for; two of them running at once can take the
+  # same port between probe and bind. ctest runs them one at a time (the unit tests still run beside them).
+  if("e2e" IN_LIST ARG_LABELS)
+    set_tests_properties(${ARG_NAME} PROPERTIES RESOURCE_LOCK loopback_ports)
+  endif()
 endfunction()
 
 function(kvroute_benchmark)
