@@ -49,12 +49,24 @@ function findHelm() {
   return fs.existsSync(cached) ? cached : null;
 }
 
-function freePort() {
-  return new Promise((resolve, reject) => {
+// A block of `n` consecutive loopback ports, each free when probed. The workers use neighbouring ports (a
+// second worker on port + 1, its events on events + 1, replays on events + 2 and + 3), so single ports from
+// the kernel's ephemeral range would let one of those land on another's. The block is drawn below that range.
+function portFree(port) {
+  return new Promise((resolve) => {
     const s = net.createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
+    s.once('error', () => resolve(false));
+    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
   });
+}
+
+async function freePorts(n) {
+  for (;;) {
+    const base = 20000 + Math.floor(Math.random() * 12000);
+    let ok = true;
+    for (let p = base; p < base + n && ok; ++p) ok = await portFree(p);
+    if (ok) return base;
+  }
 }
 
 function start(name, cmd, args) {
@@ -137,7 +149,8 @@ async function main() {
   renderRules(helm);
   pass('helm template: the PrometheusRule passes promtool check rules');
 
-  const [sim, kvEvents, api, admin, prom] = [await freePort(), await freePort(), await freePort(), await freePort(), await freePort()];
+  const base = await freePorts(9);
+  const [sim, kvEvents, api, admin, prom] = [base, base + 2, base + 6, base + 7, base + 8];
   // Two workers on sim and sim + 1; two at most running each (kvroute is told so), so a few long requests
   // saturate them.
   const simPort2 = sim + 1;
