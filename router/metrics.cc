@@ -59,6 +59,11 @@ void advance(prometheus::Counter* c, std::uint64_t now, std::uint64_t seen) {
   c->Increment(static_cast<double>(now >= seen ? now - seen : now));
 }
 
+// Brings a counter up to a total kept elsewhere (a process's CPU seconds, the shared state's own counts).
+void follow(prometheus::Counter* c, double total) {
+  if (total > c->Value()) c->Increment(total - c->Value());
+}
+
 // The process as /proc tells it (proc(5)): CPU seconds, memory, descriptors, threads.
 struct ProcessSample {
   double cpu_s = 0, rss = 0, vsize = 0, open_fds = 0, max_fds = 0, threads = 0, start_s = 0;
@@ -354,7 +359,7 @@ void RouterMetrics::sync_kv_events(hashing::WorkerId id, const KvEventCounts& no
 
 void RouterMetrics::update_process() const {
   const ProcessSample p = sample_process();
-  process_cpu_->Increment(std::max(0.0, p.cpu_s - process_cpu_->Value()));
+  follow(process_cpu_, p.cpu_s);
   process_rss_->Set(p.rss);
   process_vsize_->Set(p.vsize);
   process_open_fds_->Set(p.open_fds);
@@ -366,13 +371,10 @@ void RouterMetrics::shared_state(bool up, std::size_t replicas, std::uint64_t pu
                                  std::uint64_t applied, std::uint64_t resyncs) {
   shared_up_->Set(up ? 1 : 0);
   shared_replicas_->Set(static_cast<double>(replicas));
-  auto follow = [](prometheus::Counter* c, std::uint64_t total) {
-    if (const double now = static_cast<double>(total); now > c->Value()) c->Increment(now - c->Value());
-  };
-  follow(shared_published_, published);
-  follow(shared_dropped_, dropped);
-  follow(shared_applied_, applied);
-  follow(shared_resyncs_, resyncs);
+  follow(shared_published_, static_cast<double>(published));
+  follow(shared_dropped_, static_cast<double>(dropped));
+  follow(shared_applied_, static_cast<double>(applied));
+  follow(shared_resyncs_, static_cast<double>(resyncs));
 }
 
 std::string RouterMetrics::serialize() const {
