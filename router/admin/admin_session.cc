@@ -67,8 +67,7 @@ void AdminSession::on_read(beast::error_code ec) {
   request_id_ = request_id_of(req_);
   // Probes and Prometheus read /health, /ready and /metrics without a token; everything else (which can add a
   // worker and so redirect client traffic) needs --admin-token when one is set.
-  const std::string_view target = req_.target();
-  const std::string_view path = target.substr(0, target.find('?'));
+  const std::string_view path = target_path(req_.target());
   if (path != "/metrics" && path != "/health" && path != "/ready") {
     if (auto denied = auth_.check(req_[http::field::authorization])) {
       auto res = error_response(*denied);
