@@ -30,6 +30,9 @@ const prometheus::Histogram::BucketBoundaries kDecisionBuckets = {2e-6, 5e-6, 1e
 // batches of long contexts; architecture section 8: step >= weights + KV bytes over memory bandwidth).
 const prometheus::Histogram::BucketBoundaries kItlBuckets = {0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075,
                                                              0.1,   0.15,  0.25, 0.5,  1,    2.5};
+// Observed / estimated: factors of 2 around 1, finer within 15 % of it (the calibration target).
+const prometheus::Histogram::BucketBoundaries kRatioBuckets = {0.125, 0.25, 0.5, 0.7, 0.85, 0.95, 1.05,
+                                                               1.15,  1.4,  2,   4,   8};
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Every kind kvroute counts in kvroute_errors_total and every routing reason, created at 0.
 constexpr const char* kErrorKinds[] = {"bad_request",       "client_disconnected", "accept", "fleet_saturated",
@@ -141,6 +144,9 @@ RouterMetrics::RouterMetrics()
       tokenize_total_(prometheus::BuildCounter().Name("kvroute_tokenize_total").Help("Text prompts tokenized through a worker's /tokenize, by outcome (cache_hit, tokenized, fallback)").Register(*registry_)) {
   tokenize_seconds_ = &prometheus::BuildHistogram().Name("kvroute_tokenize_seconds").Help("Latency /tokenize added to routing (cache misses)").Register(*registry_).Add({}, kDecisionBuckets);
   decision_ = &prometheus::BuildHistogram().Name("kvroute_routing_decision_seconds").Help("Time to parse, hash, match and pick").Register(*registry_).Add({}, kDecisionBuckets);
+  auto& ratio = prometheus::BuildHistogram().Name("kvroute_estimate_ratio").Help("Observed / estimated, per completed streamed request whose routing decision estimated it: the TTFT and the inter-token latency (1 is exact)").Register(*registry_);
+  ttft_ratio_ = &ratio.Add({{"estimate", "ttft"}}, kRatioBuckets);
+  itl_ratio_ = &ratio.Add({{"estimate", "itl"}}, kRatioBuckets);
   duration_ = &prometheus::BuildHistogram().Name("kvroute_request_duration_seconds").Help("End-to-end request duration").Register(*registry_).Add({}, kLatencyBuckets);
   index_entries_ = gauge(*registry_, "kvroute_index_entries", "(block, worker) entries in the prefix index");
   index_bytes_ = gauge(*registry_, "kvroute_index_bytes", "Memory held by the prefix index");
@@ -305,6 +311,12 @@ void RouterMetrics::ttft(hashing::WorkerId id, double seconds, unsigned status) 
 
 void RouterMetrics::itl(hashing::WorkerId id, double seconds) {
   if (auto s = worker(id)) s->itl->Observe(seconds);
+}
+
+void RouterMetrics::estimate_ratio(double observed_ttft_s, double estimated_ttft_s, double observed_itl_s,
+                                   double estimated_itl_s) {
+  if (observed_ttft_s > 0 && estimated_ttft_s > 0) ttft_ratio_->Observe(observed_ttft_s / estimated_ttft_s);
+  if (observed_itl_s > 0 && estimated_itl_s > 0) itl_ratio_->Observe(observed_itl_s / estimated_itl_s);
 }
 
 void RouterMetrics::set_workers(std::size_t total, std::size_t healthy, std::size_t routable) {

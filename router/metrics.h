@@ -118,6 +118,9 @@ class RouterMetrics {
   void ttft(hashing::WorkerId id, double seconds, unsigned status);
   // Inter-token latency of a streamed response (seconds between two tokens, or a mean over several).
   void itl(hashing::WorkerId id, double seconds);
+  // kvroute_estimate_ratio{estimate="ttft"|"itl"}: observed / estimated, for every completed streamed request
+  // whose pick carried estimates (kv_cost's self-check: 1 is a perfect estimate, 3 an estimate 3x short).
+  void estimate_ratio(double observed_ttft_s, double estimated_ttft_s, double observed_itl_s, double estimated_itl_s);
   // A request routed again to another worker after its first could not be connected to, and a request
   // retried once on a fresh connection after a pooled one turned out closed.
   void rerouted() { reroutes_->Increment(); }
@@ -216,6 +219,8 @@ class RouterMetrics {
   prometheus::Family<prometheus::Gauge>& kv_since_last_;
   prometheus::Family<prometheus::Gauge>& kv_lag_;
   prometheus::Histogram* decision_;
+  prometheus::Histogram* ttft_ratio_;
+  prometheus::Histogram* itl_ratio_;
   prometheus::Histogram* duration_;
   prometheus::Gauge* index_entries_;
   prometheus::Gauge* index_bytes_;

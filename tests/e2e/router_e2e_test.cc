@@ -208,6 +208,55 @@ TEST(RouterE2E, DistinctPrefixesStickAndSpread) {
   for (const auto& [w, n] : per_worker) EXPECT_GE(n, 20) << w;
 }
 
+// No worker starves: three identical workers under mixed load (streamed and not, shared system prompts with
+// their own questions, unique documents, short and long answers) from four concurrent clients. A worker the
+// policy never tries would keep its uncorrected prior rates while the others learn theirs, look slow, and get
+// no traffic; each must get at least half its fair share, and the router's estimates must be checked against
+// what happened (kvroute_estimate_ratio).
+TEST(RouterE2E, NoWorkerStarvesUnderMixedLoad) {
+  Fleet fleet(3, {"--metrics-interval", "0.1"}, /*speed=*/20);
+  std::mutex mu;
+  std::map<std::string, int> per_worker;
+  std::atomic<int> failed{0}, total{0};
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  constexpr int kClients = 4;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; std::chrono::steady_clock::now() < until && i < 150; ++i) {
+        const int kind = (c + i) % 4;
+        std::string system = "You are assistant " + std::to_string((c * 131 + i) % 3) + ". ";
+        for (int k = 0; k < 40; ++k) system += "rule" + std::to_string((k * 17 + (c * 131 + i) % 3) % 97) + " ";
+        std::string user = "question " + std::to_string(c) + "-" + std::to_string(i);
+        if (kind == 2) {  // a unique document
+          for (int k = 0; k < 120; ++k) user += " word" + std::to_string((c * 7919 + i * 104729 + k * 31) % 5003);
+        }
+        json::array messages;
+        messages.push_back(json::object{{"role", "system"}, {"content", kind == 2 ? "Summarize." : system}});
+        messages.push_back(json::object{{"role", "user"}, {"content", user}});
+        const bool stream = kind != 3;
+        auto r = http(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, kind == 1 ? 40 : 4, stream));
+        std::lock_guard lock(mu);
+        ++total;
+        if (r.status != 200) {
+          ++failed;
+          continue;
+        }
+        ++per_worker[r.header("x-kvroute-worker")];
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  ASSERT_GE(total.load(), 150);
+  const double fair = total.load() / 3.0;
+  EXPECT_EQ(per_worker.size(), 3u);
+  for (const auto& [w, n] : per_worker) std::printf("worker %s served %d of %d\n", w.c_str(), n, total.load());
+  for (int i = 0; i < 3; ++i) EXPECT_GE(per_worker[fleet.worker_name(i)], fair / 2) << fleet.worker_name(i) << " of " << total.load();
+  const double checked = counter_reaching(fleet.admin(), "kvroute_estimate_ratio_count{estimate=\"ttft\"}", 50);
+  EXPECT_GE(checked, 50);
+}
+
 // The fleet's cache efficiency: the cached tokens workers report against what one cache holding the whole
 // fleet's KV capacity would have served. The same prompt four times over two workers: round robin sends it
 // to each worker twice, so the workers serve two of the three repeats from cache where one shared cache
