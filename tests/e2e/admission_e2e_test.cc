@@ -57,7 +57,7 @@ TEST_F(Admission, TheSurplusBeyondCapAndQueueGets429WithRetryAfter) {
   std::vector<HttpResponse> got(kClients);
   std::vector<std::thread> clients;
   for (int i = 0; i < kClients; ++i) {
-    clients.emplace_back([&, i] { got[i] = http(api_, "POST", "/v1/completions", slow_body(60), {}, 20s); });
+    clients.emplace_back([&, i] { got[i] = http(api_, "POST", "/v1/completions", slow_body(150), {}, 20s); });
   }
   for (auto& c : clients) c.join();
   int ok = 0, refused = 0;
@@ -84,20 +84,21 @@ TEST_F(Admission, ATenantsBurstDoesNotStarveAnother) {
   start({"--max-concurrent-requests", "1", "--max-queued-requests", "16"});
   std::mutex mu;
   std::vector<std::string> order;  // tenants in the order their responses completed
-  auto send = [&](const std::string& tenant) {
-    const auto r = http(api_, "POST", "/v1/completions", slow_body(40), {{"x-tenant-id", tenant}}, 30s);
+  // The first request holds the slot about a second, while the others queue behind it.
+  auto send = [&](const std::string& tenant, int tokens) {
+    const auto r = http(api_, "POST", "/v1/completions", slow_body(tokens), {{"x-tenant-id", tenant}}, 30s);
     EXPECT_EQ(r.status, 200) << r.body << r.error;
     std::lock_guard lock(mu);
     order.push_back(tenant);
   };
   std::vector<std::thread> clients;
-  clients.emplace_back(send, "a");
+  clients.emplace_back(send, "a", 150);
   ASSERT_TRUE(gauge_reaches("kvroute_admission_in_flight", 1));
   for (int i = 1; i <= 3; ++i) {
-    clients.emplace_back(send, "a");
+    clients.emplace_back(send, "a", 30);
     ASSERT_TRUE(gauge_reaches("kvroute_admission_queued", i));
   }
-  clients.emplace_back(send, "b");
+  clients.emplace_back(send, "b", 30);
   ASSERT_TRUE(gauge_reaches("kvroute_admission_queued", 4));
   for (auto& c : clients) c.join();
   ASSERT_EQ(order.size(), 5u);
@@ -106,7 +107,7 @@ TEST_F(Admission, ATenantsBurstDoesNotStarveAnother) {
 
 TEST_F(Admission, AWaitPastTheQueueTimeoutGets429) {
   start({"--max-concurrent-requests", "1", "--max-queued-requests", "4", "--queue-timeout", "0.3"});
-  std::thread slow([&] { EXPECT_EQ(http(api_, "POST", "/v1/completions", slow_body(150), {}, 20s).status, 200); });
+  std::thread slow([&] { EXPECT_EQ(http(api_, "POST", "/v1/completions", slow_body(200), {}, 20s).status, 200); });
   ASSERT_TRUE(gauge_reaches("kvroute_admission_in_flight", 1));
   const auto t0 = Clock::now();
   const auto r = http(api_, "POST", "/v1/completions", slow_body(1), {}, 10s);
