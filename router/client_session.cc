@@ -229,7 +229,7 @@ void ClientSession::watch_disconnect() {
 
 void ClientSession::arm_watch() {
   stream_.tcp().async_wait(tcp::socket::wait_read, beast::bind_front_handler(&ClientSession::on_client_readable,
-                                                                                shared_from_this(), generation_));
+                                                                             shared_from_this(), generation_));
 }
 
 void ClientSession::on_client_readable(std::uint64_t gen, beast::error_code ec) {

@@ -121,6 +121,23 @@ TEST_F(Admission, AWaitPastTheQueueTimeoutGets429) {
   EXPECT_EQ(metric("kvroute_admission_rejected_total{reason=\"queue_timeout\"}"), 1);
 }
 
+// A client that disconnects while queued gives its place up at once: the queue does not fill with the dead.
+TEST_F(Admission, AClientThatLeavesTheQueueGivesItsPlaceUp) {
+  start({"--max-concurrent-requests", "1", "--max-queued-requests", "1"});
+  std::thread slow([&] { EXPECT_EQ(http(api_, "POST", "/v1/completions", slow_body(600), {}, 20s).status, 200); });
+  ASSERT_TRUE(gauge_reaches("kvroute_admission_in_flight", 1));
+  const std::string body = slow_body(1);
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  EXPECT_EQ(raw_exchange(api_, request, 300ms), "");  // queued, then the client hangs up
+  EXPECT_TRUE(gauge_reaches("kvroute_admission_queued", 0));
+  EXPECT_EQ(metric("kvroute_admission_in_flight"), 1) << "the slow request should still hold the slot";
+  // Its place is free: the next request waits in it rather than getting 429, and is served.
+  EXPECT_EQ(http(api_, "POST", "/v1/completions", body, {}, 20s).status, 200);
+  slow.join();
+  EXPECT_EQ(metric("kvroute_admission_rejected_total{reason=\"queue_full\"}"), 0);
+}
+
 // Without a healthy worker the 503 says when to come back.
 TEST(AdmissionE2E, NoHealthyWorkerAnswers503WithRetryAfter) {
   const int api = free_port(), admin = free_port(), dead = free_port();
