@@ -16,9 +16,9 @@ std::chrono::milliseconds ms(double seconds) {
 }
 
 // One API connection: the client session, answering with the API's endpoints.
-void start_api_session(boost::asio::ip::tcp::socket&& socket, Services& svc) {
-  ClientSession::Options options{svc.config.max_body_bytes, svc.config.client_idle_timeout_s, svc.drain, svc.bodies,
-                                 &svc.metrics};
+void start_api_session(boost::asio::ip::tcp::socket&& socket, Services& svc, const std::shared_ptr<TlsContext>& tls) {
+  ClientSession::Options options{svc.config.max_body_bytes, svc.config.client_idle_timeout_s,
+                                 svc.config.header_timeout_s,  tls, svc.drain, svc.bodies, &svc.metrics};
   auto session = std::make_shared<ClientSession>(std::move(socket), std::move(options));
   session->run(std::make_unique<api::ApiHandler>(*session, svc));
 }
@@ -28,10 +28,15 @@ App::App(const std::vector<std::unique_ptr<boost::asio::io_context>>& contexts, 
     : contexts_(contexts), io_(*contexts.front()), config_(std::move(config)) {}
 
 Result<bool> App::start() {
-  // The key checker (router/auth.h) exists, but the API path does not consult it yet: refuse to start rather
-  // than serve as if keys were enforced.
+  std::shared_ptr<const ApiKeys> api_keys;
   if (!config_.api_keys_file.empty()) {
-    return make_error("--api-keys-file: client API keys are not enforced by this version yet; start without it");
+    auto keys = ApiKeys::load_file(config_.api_keys_file);
+    if (!keys) return keys.error();
+    LOG_INFO("client API keys: " << keys->size() << " keys from " << config_.api_keys_file);
+    api_keys = std::make_shared<const ApiKeys>(std::move(*keys));
+  }
+  if (config_.max_concurrent_requests > 0) {
+    admission_ = std::make_shared<Admission>(config_.max_concurrent_requests, config_.max_queued_requests);
   }
   policy::PolicyOptions popts;
   popts.alpha = config_.kv_cost_alpha;
@@ -94,7 +99,8 @@ Result<bool> App::start() {
                                                             [this](hashing::WorkerId id, std::function<void()> done) {
                                                               if (health_) return health_->refresh_models(id, std::move(done));
                                                               if (done) done();
-                                                            }}));
+                                                            },
+                                                            admission_, api_keys}));
   }
 
   if (auto ok = open_listeners(); !ok) return ok;
@@ -157,17 +163,39 @@ Result<bool> App::open_listeners() {
   if (!api_ep) return api_ep.error();
   auto admin_ep = resolve_listen(config_.admin_listen);
   if (!admin_ep) return admin_ep.error();
+  // TLS: the API's certificate, and the admin listener's own or else the API's (unless --admin-tls false).
+  std::shared_ptr<TlsContext> api_tls, admin_tls;
+  if (!config_.tls_cert.empty() || !config_.tls_key.empty()) {
+    if (config_.tls_cert.empty() || config_.tls_key.empty()) return make_error("--tls-cert and --tls-key go together");
+    auto tls = TlsContext::load(config_.tls_cert, config_.tls_key);
+    if (!tls) return tls.error();
+    api_tls = *tls;
+  }
+  if (!config_.admin_tls_cert.empty() || !config_.admin_tls_key.empty()) {
+    if (config_.admin_tls_cert.empty() || config_.admin_tls_key.empty()) {
+      return make_error("--admin-tls-cert and --admin-tls-key go together");
+    }
+    auto tls = TlsContext::load(config_.admin_tls_cert, config_.admin_tls_key);
+    if (!tls) return tls.error();
+    admin_tls = *tls;
+  } else {
+    admin_tls = api_tls;
+  }
+  if (!config_.admin_tls) admin_tls.reset();
   for (std::size_t i = 0; i < contexts_.size(); ++i) {
-    auto listener = std::make_shared<Listener>(*contexts_[i], metrics_, [svc = services_[i].get()](auto&& socket) {
-      start_api_session(std::move(socket), *svc);
+    auto listener = std::make_shared<Listener>(*contexts_[i], metrics_, [svc = services_[i].get(), api_tls](auto&& socket) {
+      start_api_session(std::move(socket), *svc, api_tls);
     });
     if (auto ok = listener->open(*api_ep, /*reuse_port=*/contexts_.size() > 1); !ok) return ok.error();
     *api_ep = listener->local_endpoint();  // port 0 picks a port once; the other listeners share it
     api_.push_back(std::move(listener));
   }
-  admin_ = std::make_shared<Listener>(io_, metrics_, [svc = services_.front().get()](auto&& socket) {
-    std::make_shared<admin::AdminSession>(std::move(socket), *svc)->run();
+  admin_ = std::make_shared<Listener>(io_, metrics_, [svc = services_.front().get(), admin_tls](auto&& socket) {
+    std::make_shared<admin::AdminSession>(std::move(socket), *svc, admin_tls)->run();
   });
+  if (api_tls || admin_tls) {
+    LOG_INFO("TLS on the " << (api_tls && admin_tls ? "API and admin listeners" : api_tls ? "API listener" : "admin listener"));
+  }
   if (auto ok = admin_->open(*admin_ep, false); !ok) return ok.error();
   return true;
 }
@@ -293,6 +321,7 @@ void App::collect_metrics() {
   }
   metrics_.set_workers(workers->size(), healthy, routable);
   metrics_.set_shared_cache(capacity, router_->cache_pools().sample_rate());
+  if (admission_) metrics_.set_admission(admission_->in_flight(), admission_->queued());
   const auto now = std::chrono::system_clock::now();
   std::lock_guard lock(events_mu_);
   for (const auto& [id, sub] : subscribers_) {

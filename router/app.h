@@ -87,7 +87,8 @@ class App {
   std::mutex events_mu_;
   std::map<hashing::WorkerId, std::unique_ptr<events::KvEventSubscriber>> subscribers_;  // guarded by events_mu_
   bool stopping_ = false;                                                               // guarded by events_mu_
-  std::unique_ptr<ReplicaSync> sync_;  // --shared-state: the other router replicas
+  std::unique_ptr<ReplicaSync> sync_;
+  std::shared_ptr<Admission> admission_;  // --max-concurrent-requests; null: no cap  // --shared-state: the other router replicas
 };
 
 }  // namespace kvroute::router

@@ -63,6 +63,10 @@ struct Config {
   double request_timeout_s = 600;   // whole upstream exchange
   double connect_timeout_s = 2;
   double client_idle_timeout_s = 60;
+  // A request head begun must be complete within this (else 408), as must a TLS handshake. 10 s: a head is a
+  // few hundred bytes, sent at once by every real client; nginx allows 60 s (client_header_timeout), Envoy has
+  // request_headers_timeout (off by default). A trickle of header bytes then holds a connection 10 s, not 60.
+  double header_timeout_s = 10;
   double drain_timeout_s = 30;      // on SIGTERM, how long requests in flight may take to finish
   bool worker_header = true;        // add x-kvroute-worker to responses
   bool access_log = false;          // one JSON line per API request on stdout
@@ -92,6 +96,16 @@ struct Config {
   bool allow_client_cache_salt = false;
   std::string api_keys_file;           // empty: clients need no key
   std::string admin_token;             // --admin-token(-file), $KVROUTE_ADMIN_TOKEN; empty: admin API open
+  // TLS (router/client_stream.h): PEM certificate chain and key of the API listener and of the admin listener;
+  // empty: plain TCP. The admin listener takes the API's pair unless given its own.
+  std::string tls_cert, tls_key, admin_tls_cert, admin_tls_key;
+  bool admin_tls = true;  // --admin-tls false: the admin listener stays plain while the API speaks TLS
+  // Admission control (router/admission.h). 0: no cap, the default: the right cap is the fleet's capacity
+  // (workers x their max running sequences, which vLLM queues beyond on its own), unknown to a fixed default,
+  // and a cap set too low turns a burst the workers would absorb into 429s.
+  std::size_t max_concurrent_requests = 0;
+  std::size_t max_queued_requests = 1024;  // waiting beyond the cap; past it: 429
+  double queue_timeout_s = 30;             // longest wait in that queue; then 429
   // Responses API: response ids remembered with the worker that stored them (previous_response_id).
   std::size_t response_ids = 100000;
 

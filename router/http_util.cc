@@ -80,7 +80,7 @@ std::shared_ptr<StringResponse> json_response(unsigned status, std::string body)
 std::shared_ptr<StringResponse> error_response(const Error& e) {
   auto res = json_response(e.status, error_json(e));
   // A sheddable request refused while the fleet is saturated: it can come back in a moment.
-  if (e.status == 429) res->set(http::field::retry_after, "1");
+  if (e.status == 429 || e.code == "no_healthy_worker") res->set(http::field::retry_after, "1");
   return res;
 }
 

@@ -59,7 +59,7 @@ struct Pieces {
 };
 
 std::shared_ptr<StringResponse> json_response(unsigned status, std::string body);
-// An OpenAI-style error body with the error's status (and Retry-After on a 429).
+// An OpenAI-style error body with the error's status (and Retry-After on a 429 and on no_healthy_worker's 503).
 std::shared_ptr<StringResponse> error_response(const Error& e);
 void set_common_headers(StringResponse& res, const std::string& request_id);  // Server, x-request-id
 // Readies an answer to be written: the common headers, keep-alive or close, the length.

@@ -154,6 +154,11 @@ RouterMetrics::RouterMetrics()
   sessions_evicted_ = counter(*registry_, "kvroute_sessions_evicted_total", "Session bindings forgotten before their TTL because --max-sessions were held");
   held_body_bytes_ = gauge(*registry_, "kvroute_held_body_bytes", "Request body bytes held now, counted against --max-held-body-bytes");
   body_budget_waits_ = counter(*registry_, "kvroute_body_budget_waits_total", "Requests whose body waited, unread, because --max-held-body-bytes of bodies were held");
+  admitted_ = gauge(*registry_, "kvroute_admission_in_flight", "API requests holding one of --max-concurrent-requests slots (0 without a cap)");
+  queued_ = gauge(*registry_, "kvroute_admission_queued", "API requests waiting for a slot (--max-queued-requests)");
+  auto& rejected = counters(*registry_, "kvroute_admission_rejected_total", "API requests answered 429 by admission control: the queue was full (reason=\"queue_full\") or they waited --queue-timeout (reason=\"queue_timeout\")");
+  rejected_full_ = &rejected.Add({{"reason", "queue_full"}});
+  rejected_timeout_ = &rejected.Add({{"reason", "queue_timeout"}});
   auto& fleet_hits = prometheus::BuildCounter()
                          .Name("kvroute_fleet_cache_hit_tokens_total")
                          .Help("Cached prompt tokens of the requests whose usage was reported: as their workers reported them "

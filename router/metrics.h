@@ -149,6 +149,13 @@ class RouterMetrics {
   void sessions_evicted(std::size_t n) { sessions_evicted_->Increment(static_cast<double>(n)); }
   // A request waited before its body was read because --max-held-body-bytes were held.
   void body_budget_wait() { body_budget_waits_->Increment(); }
+  // Admission control (router/admission.h): API requests holding a slot and waiting for one (set when /metrics
+  // is read), and requests refused with 429 by reason: queue_full, queue_timeout.
+  void set_admission(std::size_t in_flight, std::size_t queued) {
+    admitted_->Set(static_cast<double>(in_flight));
+    queued_->Set(static_cast<double>(queued));
+  }
+  void admission_rejected(bool timed_out) { (timed_out ? rejected_timeout_ : rejected_full_)->Increment(); }
   // Request body bytes held now (set when /metrics is read).
   void set_held_body_bytes(std::uint64_t n) { held_body_bytes_->Set(static_cast<double>(n)); }
   // One request measured against the shared cache: the cached tokens its worker reported and those one LRU of
@@ -228,6 +235,10 @@ class RouterMetrics {
   prometheus::Counter* sessions_evicted_;
   prometheus::Counter* body_budget_waits_;
   prometheus::Gauge* held_body_bytes_;
+  prometheus::Gauge* admitted_;
+  prometheus::Gauge* queued_;
+  prometheus::Counter* rejected_full_;
+  prometheus::Counter* rejected_timeout_;
   prometheus::Counter* fleet_hits_workers_;
   prometheus::Counter* fleet_hits_shared_;
   prometheus::Gauge* shared_capacity_;

@@ -18,6 +18,8 @@
 
 #include "backends/upstream.h"
 #include "backends/worker_registry.h"
+#include "router/admission.h"
+#include "router/auth.h"
 #include "router/config.h"
 #include "router/metrics.h"
 #include "router/router.h"
@@ -73,6 +75,10 @@ struct Services {
   // Reads the worker's /v1/models again now (after a LoRA adapter was loaded or unloaded through the router),
   // then calls the function given (on another thread).
   std::function<void(hashing::WorkerId, std::function<void()>)> refresh_models;
+  // Shared by every I/O thread's Services, and held by the handlers (a slot may be released at shutdown, after
+  // the Services are gone): --max-concurrent-requests (null: no cap), --api-keys-file (null: no key needed).
+  std::shared_ptr<Admission> admission;
+  std::shared_ptr<const ApiKeys> api_keys;
 };
 
 }  // namespace kvroute::router

@@ -211,6 +211,7 @@ render default || true
 render all -f "$WORK/all-values.yaml" || true
 render redisurl -f "$WORK/redis-url-values.yaml" || true
 render redisone --set replicaCount=1 --set redis.enabled=true || true
+render secured --set auth.apiKeys.secretName=kvroute-keys --set tls.secretName=kvroute-tls || true
 if "$HELM_BIN" lint --strict "$CHART" -f "$WORK/all-values.yaml" >"$WORK/lint3.log" 2>&1; then
   pass "helm lint (every option on)"
 else
@@ -465,6 +466,25 @@ if load("default"):
     check_default(load("default"))
 if load("all"):
     check_all(load("all"))
+def check_secured(a):
+    c = container(a)
+    pod = a["Deployment"][0]["spec"]["template"]["spec"]
+    want = ["--api-keys-file=/var/run/kvroute/api-keys/api-keys", "--tls-cert=/var/run/kvroute/tls/tls.crt",
+            "--tls-key=/var/run/kvroute/tls/tls.key", "--admin-tls=false"]
+    for w in want:
+        if w not in c["args"]:
+            errors.append(f"secured: missing flag {w} (args: {c['args']})")
+    mounts = {m["name"]: m.get("mountPath") for m in c.get("volumeMounts", [])}
+    vols = {v["name"]: v.get("secret", {}).get("secretName") for v in pod.get("volumes", [])}
+    if mounts.get("api-keys") != "/var/run/kvroute/api-keys" or vols.get("api-keys") != "kvroute-keys" \
+            or mounts.get("tls") != "/var/run/kvroute/tls" or vols.get("tls") != "kvroute-tls":
+        errors.append(f"secured: the API keys and TLS Secrets are not mounted where the flags point: {mounts} {vols}")
+    for probe in ("readinessProbe", "livenessProbe"):
+        if c.get(probe, {}).get("httpGet", {}).get("scheme") != "HTTPS":
+            errors.append(f"secured: the {probe} on the TLS api port is not HTTPS: {c.get(probe)}")
+
+if load("secured"):
+    check_secured(load("secured"))
 check_shared("redisurl", "--shared-state=redis://:$(KVROUTE_REDIS_PASSWORD)@redis.shared.svc:6379/2")
 check_shared("redisone", None)
 

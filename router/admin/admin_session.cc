@@ -15,16 +15,31 @@ namespace beast = boost::beast;
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
-AdminSession::AdminSession(tcp::socket&& socket, Services& svc)
-    : stream_(std::move(socket)),
+AdminSession::AdminSession(tcp::socket&& socket, Services& svc, std::shared_ptr<TlsContext> tls)
+    : stream_(std::move(socket), tls),
+      deadline_(stream_.get_executor()),
       svc_(svc),
       drain_(svc.drain),
       max_body_bytes_(svc.config.max_body_bytes),
       idle_timeout_s_(svc.config.client_idle_timeout_s),
+      header_timeout_s_(svc.config.header_timeout_s),
       auth_(svc.config.admin_token) {}
 
 void AdminSession::run() {
-  asio::dispatch(stream_.get_executor(), beast::bind_front_handler(&AdminSession::do_read, shared_from_this()));
+  expires_after(header_timeout_s_);
+  stream_.async_handshake([self = shared_from_this()](beast::error_code ec) {
+    if (ec) return self->close();
+    self->do_read();
+  });
+}
+
+// The admin API is for the operator: a timer operation per request costs nothing here.
+void AdminSession::expires_after(double s) {
+  deadline_.expires_after(seconds(s));
+  deadline_.async_wait([weak = weak_from_this()](beast::error_code ec) {
+    if (ec) return;
+    if (auto self = weak.lock()) self->close();
+  });
 }
 
 // The head first, so that a client waiting on "Expect: 100-continue" is told to send its body.
@@ -32,7 +47,7 @@ void AdminSession::do_read() {
   parser_.emplace();
   parser_->header_limit(kHeaderLimit);
   parser_->body_limit(max_body_bytes_);
-  stream_.expires_after(seconds(idle_timeout_s_));
+  expires_after(idle_timeout_s_);
   http::async_read_header(stream_, buffer_, *parser_,
                           [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
 }
@@ -51,6 +66,7 @@ void AdminSession::on_header(beast::error_code ec) {
 }
 
 void AdminSession::read_body() {
+  expires_after(idle_timeout_s_);
   http::async_read(stream_, buffer_, *parser_,
                    [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
 }
@@ -80,7 +96,7 @@ void AdminSession::on_read(beast::error_code ec) {
 
 void AdminSession::answer(std::shared_ptr<StringResponse> res) {
   prepare_answer(*res, request_id_, !close_after_);
-  stream_.expires_after(seconds(idle_timeout_s_));
+  expires_after(idle_timeout_s_);
   http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, std::size_t) {
     if (ec || self->close_after_ || self->drain_->draining) return self->close();
     self->do_read();
@@ -88,9 +104,8 @@ void AdminSession::answer(std::shared_ptr<StringResponse> res) {
 }
 
 void AdminSession::close() {
-  beast::error_code ec;
-  stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-  stream_.socket().close(ec);
+  deadline_.cancel();
+  stream_.close();
 }
 
 }  // namespace kvroute::router::admin

@@ -4,6 +4,9 @@
 // an error, or a drain). Admin requests are not counted in the drain, not logged in the access log and not
 // charged to the body budget: the admin API is for the operator, and answers at once.
 //
+// The connection is plain TCP or TLS (--admin-tls-cert, router/client_stream.h); the TLS handshake is bounded
+// by --header-read-timeout.
+//
 // Owned by its pending operations (shared_from_this), on the control-plane thread (the first io_context).
 //
 //   std::make_shared<admin::AdminSession>(std::move(socket), services)->run();
@@ -15,10 +18,11 @@
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/http/parser.hpp>
 
 #include "router/auth.h"
+#include "router/client_stream.h"
 #include "router/http_util.h"
 #include "router/services.h"
 
@@ -26,10 +30,11 @@ namespace kvroute::router::admin {
 
 class AdminSession : public std::enable_shared_from_this<AdminSession> {
  public:
-  AdminSession(boost::asio::ip::tcp::socket&& socket, Services& svc);
+  AdminSession(boost::asio::ip::tcp::socket&& socket, Services& svc, std::shared_ptr<TlsContext> tls);
   void run();
 
  private:
+  void expires_after(double seconds);
   void do_read();
   void on_header(boost::beast::error_code ec);
   void read_body();
@@ -37,11 +42,13 @@ class AdminSession : public std::enable_shared_from_this<AdminSession> {
   void answer(std::shared_ptr<StringResponse> res);
   void close();
 
-  boost::beast::tcp_stream stream_;
+  ClientStream stream_;
+  boost::asio::steady_timer deadline_;  // of the operation under way: it closes the connection
   Services& svc_;
   std::shared_ptr<DrainState> drain_;  // the session may outlive svc_ (see Services::drain)
   const std::uint64_t max_body_bytes_;
   const double idle_timeout_s_;
+  const double header_timeout_s_;
   const AdminAuth auth_;  // --admin-token; empty: open
   boost::beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;

@@ -28,6 +28,7 @@ ApiHandler::ApiHandler(ClientSession& session, Services& svc)
     : session_(session),
       svc_(svc),
       access_log_(svc.config.access_log),
+      admission_(svc.admission),
       observer_(svc.router, decision_),
       exchange_(session, svc, observer_, *this) {}
 
@@ -58,7 +59,14 @@ void ApiHandler::handle_api(std::string_view path) {
     if (svc_.router.any_healthy()) return session_.answer_json(200, R"({"status":"ready"})");
     return session_.answer_error(make_error("no healthy worker", 503, "service_unavailable", "no_healthy_worker"));
   }
-  if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses") {
+  if (!authenticate()) return;
+  if (admission_) return admit();
+  dispatch(path);
+}
+
+void ApiHandler::dispatch(std::string_view path) {
+  const auto method = session_.request().method();
+  const std::string_view method_name = session_.request().method_string();  if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses") {
     if (method != http::verb::post) return session_.answer_error(method_not_allowed(method_name, "POST"));
     return handle_routed(path == "/v1/chat/completions" ? Endpoint::kChatCompletions
                          : path == "/v1/completions"    ? Endpoint::kCompletions
@@ -143,6 +151,7 @@ void ApiHandler::on_connect_failed(beast::error_code ec) {
 // The client went away (a disconnect noticed, or a write that failed): the worker's connection is dropped so
 // that it cancels the request, and a request held for its prefix is never sent.
 void ApiHandler::on_client_gone() {
+  leave_queue();
   const bool held = held_for_prefix();
   if (held) end_hold();
   exchange_.cancel();
@@ -155,6 +164,8 @@ void ApiHandler::on_client_gone() {
 }
 
 void ApiHandler::on_request_end() {
+  leave_queue();
+  release_slot();
   if (!access_log_) return;
   write_access_log(access_, session_.request(), session_.request_id(), worker_.get(), session_.status());
 }

@@ -8,6 +8,9 @@
 //   /v1/responses/ID...                          router/api/passthrough.cc, to the worker that stores it
 //                                                (router/api/response_lookup.cc finds it when unknown)
 //   any other /v1/* and inference root routes    router/api/passthrough.cc: to the least loaded worker
+// Before any of them but /health and /ready (router/api/guard.cc): the client's API key when --api-keys-file
+// is given (401 without a valid one; the key's tenant becomes the request's), then admission control
+// (--max-concurrent-requests: the request waits for a slot, fairly across tenants, or gets 429).
 // A routed or passed-through request goes to its worker through the connection's Exchange; what the relay
 // reads (router/relay_observer.h) goes to Router::complete() when the exchange ends (finish()). A worker that
 // refuses the connection is taken out of rotation and the request, not yet sent, routed again.
@@ -41,7 +44,7 @@ class ApiHandler final : public RequestHandler, public ExchangeEvents {
 
   // ---- RequestHandler ----
   void on_request() override;
-  bool cancellable() const override { return exchange_.active() || held_for_prefix(); }
+  bool cancellable() const override { return exchange_.active() || held_for_prefix() || queued_ != 0; }
   void on_client_gone() override;
   void on_request_end() override;
   void on_close() override { exchange_.cancel_timers(); }
@@ -55,6 +58,18 @@ class ApiHandler final : public RequestHandler, public ExchangeEvents {
  private:
   using Clock = std::chrono::steady_clock;
   void handle_api(std::string_view path);
+  void dispatch(std::string_view path);
+
+  // ---- authentication and admission (guard.cc) ----
+  // The request's key is valid (or none is needed): its tenant replaces the client's tenant header, and the
+  // key is not forwarded. Else answers 401 and returns false.
+  bool authenticate();
+  // Runs dispatch() once the request holds a slot, or answers 429.
+  void admit();
+  void on_admitted(std::uint64_t id);
+  void on_queue_timeout(std::uint64_t id);
+  void leave_queue();
+  void release_slot();
 
   // ---- routed inference (inference.cc) ----
   void handle_routed(Endpoint endpoint);
@@ -93,6 +108,11 @@ class ApiHandler final : public RequestHandler, public ExchangeEvents {
   std::optional<boost::asio::steady_timer> hold_timer_;  // a prefix hold's checks
   std::uint64_t hold_seq_ = 0;                           // the latest wake-up or check of a prefix hold
   HoldWaiters::Id hold_watch_ = 0;                       // its watch in the router (Router::watch_prefix_hold)
+  std::shared_ptr<Admission> admission_;  // svc_.admission, held: a slot may be released after the Services are gone
+  std::string tenant_;                    // the request's tenant, for admission
+  bool admitted_ = false;                 // the request holds a slot
+  std::uint64_t queued_ = 0;              // its place in the queue while it waits for one
+  std::optional<boost::asio::steady_timer> queue_timer_;  // --queue-timeout
   RelayObserver observer_;
   Exchange exchange_;
 };

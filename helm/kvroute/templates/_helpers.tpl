@@ -203,6 +203,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 /var/run/kvroute/admin-token/{{ .Values.admin.token.key }}
 {{- end }}
 
+{{/* ---- Client API keys (--api-keys-file) and TLS (--tls-cert, --tls-key) from Secrets ---- */}}
+{{- define "kvroute.apiKeysPath" -}}
+/var/run/kvroute/api-keys/{{ .Values.auth.apiKeys.key }}
+{{- end }}
+{{- define "kvroute.tlsDir" -}}
+/var/run/kvroute/tls
+{{- end }}
+{{/* A probe of values.yaml, with scheme HTTPS when it reaches the api port and that port speaks TLS. */}}
+{{- define "kvroute.probe" -}}
+{{- $probe := deepCopy .probe }}
+{{- if and .root.Values.tls.secretName $probe.httpGet (eq (toString $probe.httpGet.port) "api" (toString .root.Values.service.port)) }}
+{{- $_ := set $probe.httpGet "scheme" "HTTPS" }}
+{{- end }}
+{{- toYaml $probe }}
+{{- end }}
+
 {{/* Flags of the optional features above, one list item per line (rendered into the container's args). */}}
 {{- define "kvroute.featureArgs" -}}
 {{- range (include "kvroute.discoverK8s" . | trim | splitList "\n" | compact) }}
@@ -214,5 +230,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- if .Values.admin.token.secretName }}
 - {{ printf "--admin-token-file=%s" (include "kvroute.adminTokenPath" .) | quote }}
+{{- end }}
+{{- if .Values.auth.apiKeys.secretName }}
+- {{ printf "--api-keys-file=%s" (include "kvroute.apiKeysPath" .) | quote }}
+{{- end }}
+{{- if .Values.tls.secretName }}
+- {{ printf "--tls-cert=%s/tls.crt" (include "kvroute.tlsDir" .) | quote }}
+- {{ printf "--tls-key=%s/tls.key" (include "kvroute.tlsDir" .) | quote }}
+- "--admin-tls=false"
 {{- end }}
 {{- end }}
