@@ -32,6 +32,10 @@ boost::json::object report_json(const RunReport& r) {
   o["workload"] = r.workload;
   if (!r.description.empty()) o["description"] = r.description;
   o["workers"] = r.workers;
+  if (r.replicas > 1) {
+    o["replicas"] = r.replicas;
+    o["sharing"] = r.sharing;
+  }
   o["rate_scale"] = r.rate_scale;
   o["upper_bound_hit_rate"] = r.upper_bound_hit_rate;
   o["capacity_bound_hit_rate"] = r.capacity_bound_hit_rate;
@@ -83,7 +87,9 @@ boost::json::object report_json(const RunReport& r) {
 std::string format_table(const RunReport& r) {
   std::ostringstream out;
   if (!r.description.empty()) out << r.description << "\n";
-  out << "workload " << r.workload << ", " << r.workers << " workers, rate scale " << fmt("%g", r.rate_scale)
+  out << "workload " << r.workload << ", " << r.workers << " workers, ";
+  if (r.replicas > 1) out << r.replicas << " router replicas sharing " << r.sharing << ", ";
+  out << "rate scale " << fmt("%g", r.rate_scale)
       << ": upper bound hit rate " << fmt("%.1f%%", 100 * r.upper_bound_hit_rate) << ", capacity bound "
       << fmt("%.1f%%", 100 * r.capacity_bound_hit_rate) << "\n";
   char line[512];

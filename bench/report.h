@@ -2,6 +2,7 @@
 //
 // JSON shape (one document per rate scale; a sweep writes {"sweep": [documents...]}):
 //   {"workload": "conversation_trace", "workers": 8, "rate_scale": 1.0, "description" (family draws only),
+//    "replicas" and "sharing" (with more than one router replica),
 //    "upper_bound_hit_rate": 0.37, "capacity_bound_hit_rate": 0.14,
 //    "policies": [{"name": "kv_cost", "hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
 //                  "itl_mean_s", "itl_p99_s", "e2e_mean_s", "e2e_p99_s", "output_tok_s", "completed", "load_cov",
@@ -27,6 +28,8 @@ struct RunReport {
   std::string workload;
   std::string description;              // the draw of a family workload (printed above the table)
   std::size_t workers = 0;
+  std::size_t replicas = 1;             // router replicas (--replicas) and what they share (--sharing)
+  std::string sharing = "none";
   double rate_scale = 1.0;
   double upper_bound_hit_rate = 0;
   double capacity_bound_hit_rate = 0;

@@ -5,6 +5,7 @@
 //                                           canonical text: a system prompt and a few turns)
 //   BM_Parse, BM_Canonicalize, BM_Hash, BM_Match/<workers>, BM_Pick/<workers>/<policy>
 //                                           the same decision stage by stage
+//   BM_RouterRouteShared/<shared>          Router::route with and without --shared-state (ratio in one run)
 //   BM_IndexMemory/<entries>                bytes per (block, worker) entry (counter bytes_per_entry)
 //   BM_MatchThroughput/<entries>            event-free match() of random chains against a large index
 //
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <random>
@@ -31,6 +33,7 @@
 #include "hashing/prefix_index.h"
 #include "policy/routing_policy.h"
 #include "router/request.h"
+#include "router/replica_sync.h"
 #include "router/router.h"
 
 namespace {
@@ -296,6 +299,66 @@ void BM_RouterRoute(benchmark::State& state) {
   state.SetLabel(kLabels[models]);
 }
 BENCHMARK(BM_RouterRoute)->ArgName("models")->DenseRange(0, 7)->Unit(benchmark::kMicrosecond);
+
+// Router::route with and without router replicas sharing state (--shared-state, router/replica_sync.h), in one
+// run so their ratio compares: Arg 0 = no shared state; 1 = a ReplicaSync attached to the Redis named by
+// $KVROUTE_BENCH_REDIS (redis://127.0.0.1:PORT; skipped when unset), with 64 workers' load from other replicas,
+// so each decision also adds their load and hands its routed record (512 blocks) to the shared state's thread.
+// Arg 2 = the same with that Redis unreachable (the replica routes alone; records are still queued, then
+// dropped oldest-first).
+void BM_RouterRouteShared(benchmark::State& state) {
+  constexpr int kWorkers = 64;
+  const int shared = static_cast<int>(state.range(0));
+  kvroute::router::Config config;
+  config.policy = "kv_cost";
+  if (shared == 1) {
+    const char* url = std::getenv("KVROUTE_BENCH_REDIS");
+    if (!url || !*url) {
+      state.SkipWithError("set KVROUTE_BENCH_REDIS=redis://127.0.0.1:PORT to a running redis-server");
+      return;
+    }
+    config.shared_state = url;
+  } else if (shared == 2) {
+    config.shared_state = "redis://127.0.0.1:1";  // nothing listens there
+  }
+  config.shared_state_prefix = "kvroute-bench";
+  kvroute::backends::WorkerRegistry registry;
+  kvroute::router::RouterMetrics metrics;
+  kvroute::router::Router router(config, registry, policy_named("kv_cost"), metrics);
+  for (int i = 0; i < kWorkers; ++i) {
+    auto ep = kvroute::backends::parse_worker_url("http://10.0.0." + std::to_string(i + 1) + ":8000");
+    if (!ep || !registry.add(*ep)) std::abort();
+  }
+  const auto& r = parsed();
+  fill_background(router.index(), kWorkers, 1'000'000, 7);
+  fill_conversation(router.index(), kWorkers, r.chain);
+  std::unique_ptr<kvroute::router::ReplicaSync> sync;
+  if (shared) {
+    sync = std::make_unique<kvroute::router::ReplicaSync>(config, registry, router, metrics);
+    if (!sync->start()) std::abort();
+    std::vector<kvroute::router::Router::RemoteLoad> others(kWorkers);
+    for (int i = 0; i < kWorkers; ++i) others[static_cast<std::size_t>(i)] = {3, 4096, 60000, 0.2, 0.1};
+    router.set_remote_load(std::move(others));
+  }
+  for (auto _ : state) {
+    auto d = router.route(r);
+    if (!d) std::abort();
+    state.PauseTiming();
+    router.complete(*d, kvroute::router::Outcome{true, std::nullopt});
+    state.ResumeTiming();
+  }
+  if (sync) {
+    const auto st = router.shared_state_status();
+    if (st) {
+      state.counters["published"] = static_cast<double>(st->published);
+      state.counters["dropped"] = static_cast<double>(st->dropped);
+    }
+    sync->stop();
+  }
+  static const char* const kLabels[] = {"no shared state", "shared state (Redis)", "shared state, Redis unreachable"};
+  state.SetLabel(kLabels[shared]);
+}
+BENCHMARK(BM_RouterRouteShared)->ArgName("shared")->DenseRange(0, 2)->Unit(benchmark::kMicrosecond);
 
 // ---------------------------------------------------------------------------------------------------------
 // Stage by stage.

@@ -87,6 +87,13 @@ std::string simulate_usage() {
          "                          (default 0.25)\n"
          "  --prefix-hold S         kv_cost (precise mode) holds a request whose prefix an earlier one is still\n"
          "                          computing on its worker for at most S seconds, as the daemon (default 0.4; 0: never)\n"
+         "  --replicas N            router replicas (default 1): arrivals go to them round-robin, each with its own\n"
+         "                          index, session bindings, in-flight view and learned rates\n"
+         "  --sharing none|redis    what the replicas share (default none): redis = as --shared-state does (routed\n"
+         "                          prefixes in approximate mode, sessions, load, learned rates)\n"
+         "  --sync-delay S          a shared record reaches the other replicas S seconds late (default 0.002)\n"
+         "  --sync-interval S       each replica publishes and reads the load every S seconds (default 0.025,\n"
+         "                          the daemon's --shared-state-interval)\n"
          "  --threads N             policies simulated in parallel (default 2)\n"
          "  --json FILE             write results as JSON\n"
          "  --plots DIR             write SVG plots (TTFT CDF; with --sweep, hit rate and p99 TTFT vs load)\n"
@@ -123,6 +130,10 @@ Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
       auto m = parse_mode(v);
       if (!m) return m.error();
       c.mode = *m;
+    } else if (a == "--sharing") {
+      auto m = parse_sharing(v);
+      if (!m) return m.error();
+      c.sim.sharing = *m;
     } else if (a == "--sweep") {
       for (const auto& s : list_items(v)) {
         auto d = parse_double("--sweep", s, 1e-9);
@@ -131,7 +142,7 @@ Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
       }
     } else {
       Result<double> d = 0.0;
-      if (a == "--workers" || a == "--seed" || a == "--max-requests" || a == "--threads") {
+      if (a == "--workers" || a == "--seed" || a == "--max-requests" || a == "--threads" || a == "--replicas") {
         auto n = parse_count(a, v);
         if (!n) return n.error();
         if (a == "--workers") {
@@ -139,13 +150,17 @@ Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
           c.sim.workers = *n;
         } else if (a == "--seed") c.sim.seed = *n;
         else if (a == "--max-requests") c.max_requests = *n;
+        else if (a == "--replicas") {
+          if (*n == 0 || *n > 256) return make_error("--replicas must be between 1 and 256");
+          c.sim.replicas = *n;
+        }
         else c.threads = static_cast<unsigned>(std::max<std::uint64_t>(*n, 1));
         continue;
       }
       if (a == "--rate-scale") d = parse_double(a, v, 1e-9);
       else if (a == "--metrics-interval" || a == "--event-delay" || a == "--session-ttl" || a == "--cpu-tier-gb" ||
                a == "--kv-alpha" || a == "--kv-beta" || a == "--session-margin" || a == "--prefix-hold" || a == "--knee" ||
-               a == "--knee-unloaded")
+               a == "--knee-unloaded" || a == "--sync-delay" || a == "--sync-interval")
         d = parse_double(a, v, 0);
       else return make_error("unknown option '" + a + "' (see --help)");
       if (!d) return d.error();
@@ -159,6 +174,8 @@ Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
       else if (a == "--kv-beta") c.sim.policy.beta = *d;
       else if (a == "--session-margin") c.sim.policy.session_margin_s = *d;
       else if (a == "--prefix-hold") c.sim.prefix_hold_s = *d;
+      else if (a == "--sync-delay") c.sim.sync_delay_s = *d;
+      else if (a == "--sync-interval") c.sim.load_interval_s = std::max(*d, 1e-3);
       else c.sim.cpu_tier_gb = *d;
     }
   }
@@ -297,6 +314,8 @@ Result<RunReport> run_policies(const Workload& workload, const BenchConfig& conf
   RunReport rep;
   rep.workload = workload.name;
   rep.workers = o.workers;
+  rep.replicas = o.replicas;
+  rep.sharing = o.sharing == Sharing::kRedis ? "redis" : "none";
   rep.rate_scale = rate_scale;
   rep.description = workload.description;
   rep.upper_bound_hit_rate = bounds->upper;

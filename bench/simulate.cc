@@ -27,6 +27,12 @@ Result<ModeChoice> parse_mode(std::string_view s) {
   return make_error("--mode must be native, approximate, precise or both (got '" + std::string(s) + "')");
 }
 
+Result<Sharing> parse_sharing(std::string_view s) {
+  if (s == "none") return Sharing::kNone;
+  if (s == "redis") return Sharing::kRedis;
+  return make_error("--sharing must be none or redis (got '" + std::string(s) + "')");
+}
+
 IndexMode native_mode(std::string_view p) {
   if (p == "cache_aware" || p == "e2") return IndexMode::kApproximate;
   if (p == "block_cost" || p == "weighted_scorers" || p == "kv_cost") return IndexMode::kPrecise;
@@ -191,10 +197,24 @@ class FleetSim {
     workers_.resize(n_);
     views_.resize(n_);
     sinks_.reserve(n_);
+    const std::size_t replicas = std::max<std::size_t>(o.replicas, 1);
+    sharing_ = o.sharing == Sharing::kRedis && replicas > 1;
+    for (std::size_t r = 0; r < replicas; ++r) {
+      auto rep = std::make_unique<Replica>();
+      rep->load.resize(n_);
+      rep->remote.resize(n_);
+      // Each replica's exchanges run on its own clock: their phases spread over the interval.
+      rep->next_load = o.load_interval_s * static_cast<double>(r) / static_cast<double>(replicas);
+      rep->next_rates = o.rates_interval_s * static_cast<double>(r) / static_cast<double>(replicas);
+      for (std::size_t i = 0; i < n_; ++i) {
+        rep->learner.set_prior(static_cast<WorkerId>(i), prior);
+        if (run_.mode == IndexMode::kApproximate) rep->index.set_capacity(static_cast<WorkerId>(i), gpu_blocks_);
+      }
+      reps_.push_back(std::move(rep));
+    }
+    rates_board_.resize(n_);
     for (std::size_t i = 0; i < n_; ++i) {
       const auto id = static_cast<WorkerId>(i);
-      learner_.set_prior(id, prior);
-      if (run_.mode == IndexMode::kApproximate) index_.set_capacity(id, gpu_blocks_);
       sinks_.emplace_back(this, id);
       workers_[i].deliveries.clear();
       if (cpu_tier_) workers_[i].media = std::make_unique<std::unordered_map<std::uint64_t, std::uint8_t>>();
@@ -217,17 +237,32 @@ class FleetSim {
     for (std::size_t i = 0; i < w_.requests.size(); ++i) {
       const Request& r = w_.requests[i];
       const double t = r.arrival_s / scale;
-      if (interval > 0) {
-        while (next_poll + interval <= t) {
-          next_poll += interval;
-          advance_all(next_poll);
+      // Metric polls and the replicas' load and rate exchanges up to t, in time order (polls first at a tie).
+      for (;;) {
+        const double poll = interval > 0 ? next_poll + interval : sim::kInfinity;
+        std::size_t who = 0;
+        double tick = sim::kInfinity;
+        for (std::size_t k = 0; sharing_ && k < reps_.size(); ++k) {
+          const double tk = std::min(reps_[k]->next_load, reps_[k]->next_rates);
+          if (tk < tick) tick = tk, who = k;
+        }
+        const double te = std::min(poll, tick);
+        if (te > t) break;
+        advance_all(te);
+        if (poll <= tick) {
+          next_poll = poll;
           poll_metrics();
+        } else if (reps_[who]->next_load <= reps_[who]->next_rates) {
+          exchange_load(who, te);
+        } else {
+          exchange_rates(who, te);
         }
       }
       advance_all(t);
       apply_deliveries(t);
+      apply_stream(t);
       if (interval <= 0) poll_metrics();
-      route(r, t);
+      route(r, t, i % reps_.size());
       if (progress) progress->fetch_add(1, std::memory_order_relaxed);
     }
     for (std::size_t e = 0; e < n_; ++e) {
@@ -251,14 +286,43 @@ class FleetSim {
     std::vector<std::uint64_t> hashes;
   };
 
-  struct WorkerState {
-    // Router-tracked load.
+  // One router replica's own load on one worker: the requests it sent there (as backends::Worker tracks them).
+  struct RouterLoad {
     std::uint32_t in_flight = 0;
     std::uint64_t pending_prefill = 0;
     // The same requests with their prefill estimates, by request id (as backends::Worker keeps them).
     policy::PrefillQueue prefill_queue;
     std::uint64_t active_decode = 0;
     std::uint64_t inflight_kv = 0;  // as backends::Worker: uncached prompt + output tokens of requests in flight
+  };
+
+  // What one router replica (one kvroute process) knows: its index, session bindings, learned rates and TTFT
+  // tail, the load of the requests it sent, and, with sharing, the others' load as it last read it. With one
+  // replica this is the whole router.
+  struct Replica {
+    hashing::PrefixIndex index;
+    hashing::ComputingPrefixes computing;
+    policy::RateLearner learner;
+    std::unordered_map<std::uint64_t, std::pair<std::size_t, double>> sessions;  // session -> (worker, last use)
+    // The TTFT tail kv_cost prices (policy/recent_quantile.h), over the first tokens of this replica's requests.
+    policy::RecentQuantile tail{policy::kFleetTailWindow, policy::kFleetTailQuantile};
+    std::vector<RouterLoad> load;             // by worker
+    std::vector<policy::LoadShare> remote;    // by worker: the sum of the others' load as last read
+    // This replica's published load (the daemon's P:load:REPLICA key): (readable from, load by worker).
+    std::deque<std::pair<double, std::vector<policy::LoadShare>>> published;
+    double next_load = 0, next_rates = 0;     // its next load and rates exchanges
+  };
+
+  // A routed record on the shared stream (the daemon's SharedState::routed): the others apply it from `at`.
+  struct StreamRecord {
+    double at;
+    std::uint32_t from;        // the replica that routed it
+    WorkerId worker;
+    std::uint64_t request;     // whose chain (approximate mode: the hashes are on the record)
+    std::uint64_t session;     // the session it bound, 0: none
+  };
+
+  struct WorkerState {
     // Last polled metrics.
     std::uint32_t running = 0, waiting = 0;
     double kv_usage = 0;
@@ -269,6 +333,7 @@ class FleetSim {
     // Requests held until the prefix an earlier request is computing here lands (hashing/computing_prefixes.h).
     struct Held {
       std::uint64_t id;
+      std::uint32_t replica;  // the router replica that holds it (its leader's token is that replica's)
       double release_at;  // the hold's end, brought forward when the prefix lands
       std::uint64_t block;  // the last block of its prefix
       hashing::ComputingPrefixes::Token leader;
@@ -284,6 +349,7 @@ class FleetSim {
 
   struct Flight {
     WorkerId worker = 0;
+    std::uint32_t replica = 0;  // the router replica the request arrived at
     bool submitted = false;
     double arrival = 0;
     double first_token = -1;
@@ -370,29 +436,32 @@ class FleetSim {
   void first_token(WorkerId w, std::uint64_t id, double t, std::uint32_t cached) {
     Flight& f = flights_[id];
     WorkerState& ws = workers_[w];
+    Replica& rep = *reps_[f.replica];
+    RouterLoad& l = rep.load[w];
     f.first_token = t;
     f.cached = cached;
-    tail_.add(t - f.arrival);
-    ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
-    ws.prefill_queue.remove(id, /*first_token=*/true, t);
+    rep.tail.add(t - f.arrival);
+    l.pending_prefill -= std::min(l.pending_prefill, f.predicted_uncached);
+    l.prefill_queue.remove(id, /*first_token=*/true, t);
     // The router sees a streamed first token: when the worker's event stored the last block this request
     // computed, against now, teaches the worker's commit timing (Router::first_byte).
-    computing_.first_token(w, f.computing, t);
+    rep.computing.first_token(w, f.computing, t);
     // Requests held for this one's prefix go now (the router sees its first byte).
     for (auto& h : ws.held)
-      if (h.leader == f.computing) h.release_at = std::min(h.release_at, t);
-    ws.active_decode += w_.requests[id].prompt_tokens;
-    f.decode_context = ws.active_decode;
+      if (h.leader == f.computing && h.replica == f.replica) h.release_at = std::min(h.release_at, t);
+    l.active_decode += w_.requests[id].prompt_tokens;
+    f.decode_context = l.active_decode;
   }
 
   void finish(WorkerId w, std::uint64_t id, double t, const sim::Usage& u) {
     Flight& f = flights_[id];
-    WorkerState& ws = workers_[w];
+    Replica& rep = *reps_[f.replica];
+    RouterLoad& l = rep.load[w];
     f.finish = t;
     f.cached = u.cached_tokens;
-    ws.in_flight -= 1;
-    ws.inflight_kv -= std::min(ws.inflight_kv, f.kv_tokens);
-    ws.active_decode -= std::min<std::uint64_t>(ws.active_decode, w_.requests[id].prompt_tokens);
+    l.in_flight -= 1;
+    l.inflight_kv -= std::min(l.inflight_kv, f.kv_tokens);
+    l.active_decode -= std::min<std::uint64_t>(l.active_decode, w_.requests[id].prompt_tokens);
     // What the daemon learns from a completed response: TTFT at the client, usage.cached_tokens, ITL.
     policy::RateObservation obs;
     obs.ttft_s = f.first_token - f.arrival;
@@ -404,7 +473,7 @@ class FleetSim {
     obs.itl_s = u.completion_tokens >= 2 ? (t - f.first_token) / (u.completion_tokens - 1) : 0.0;
     obs.estimated_ttft_s = f.estimate;
     obs.estimated_itl_s = f.itl_estimate;
-    learner_.observe(w, obs);
+    rep.learner.observe(w, obs);
   }
 
   void kv_event(WorkerId w, Delivery::Kind kind, sim::Medium m, std::span<const std::uint64_t> h, double t) {
@@ -415,7 +484,7 @@ class FleetSim {
       // the release of requests held for one of these blocks (engines that make blocks hits when they
       // schedule them say so at once).
       const double arrives = t + std::max(o_.event_delay_s, 0.0);
-      computing_.stored(w, h, arrives);
+      for (auto& rep : reps_) rep->computing.stored(w, h, arrives);
       for (auto& hd : ws.held)
         if (std::find(h.begin(), h.end(), hd.block) != h.end()) hd.release_at = std::min(hd.release_at, arrives);
     }
@@ -437,32 +506,91 @@ class FleetSim {
     }
   }
 
-  // Applies one KV event to the index. With a CPU tier a block can sit on both media while the index keeps
-  // one tier per (block, worker): it shows the GPU copy when there is one, else the CPU copy.
+  // ---- What the replicas share (sharing on), modelled on the daemon's SharedState (backends/shared_state) ----
+
+  // The routed records readable by now: every other replica applies the prediction to its index as its own
+  // (ReplicaSync::apply_routed, approximate mode) and adopts the session binding.
+  void apply_stream(double now) {
+    while (!stream_.empty() && stream_.front().at <= now) {
+      const StreamRecord& rec = stream_.front();
+      for (std::size_t q = 0; q < reps_.size(); ++q) {
+        if (q == rec.from) continue;
+        Replica& rep = *reps_[q];
+        if (run_.mode == IndexMode::kApproximate && uses_match_)
+          rep.index.record(rec.worker, w_.requests[rec.request].chain.hashes, hashing::Tier::kPredicted);
+        if (rec.session != 0) rep.sessions[rec.session] = {rec.worker, rec.at};
+      }
+      stream_.pop_front();
+    }
+  }
+
+  // Replica `k`'s load exchange at `now` (SharedState::exchange_load, every --shared-state-interval): it
+  // publishes its own load per worker, readable by the others sync_delay_s later, and reads the latest load
+  // each other replica published as the sum it prices until its next exchange.
+  void exchange_load(std::size_t k, double now) {
+    Replica& rep = *reps_[k];
+    rep.next_load = now + std::max(o_.load_interval_s, 1e-3);
+    std::vector<policy::LoadShare> mine(n_);
+    for (std::size_t i = 0; i < n_; ++i) {
+      const RouterLoad& l = rep.load[i];
+      if (l.in_flight == 0) continue;
+      policy::WorkerView v;
+      l.prefill_queue.fill(v, now);
+      mine[i] = {l.in_flight, l.pending_prefill, l.active_decode, v.pending_prefill_s, v.oldest_prefill_s};
+    }
+    rep.published.emplace_back(now + o_.sync_delay_s, std::move(mine));
+    std::fill(rep.remote.begin(), rep.remote.end(), policy::LoadShare{});
+    for (std::size_t q = 0; q < reps_.size(); ++q) {
+      if (q == k) continue;
+      auto& pub = reps_[q]->published;
+      // Exchanges run in time order, so a record a later one made readable is the latest for every reader.
+      while (pub.size() >= 2 && pub[1].first <= now) pub.pop_front();
+      if (pub.empty() || pub.front().first > now) continue;
+      for (std::size_t i = 0; i < n_; ++i) rep.remote[i].add(pub.front().second[i]);
+    }
+  }
+
+  // Replica `k`'s rates exchange (SharedState::exchange_rates): it writes the rates it learned, and seeds the
+  // workers it has not measured yet with the latest the others wrote (RateLearner::seed).
+  void exchange_rates(std::size_t k, double now) {
+    Replica& rep = *reps_[k];
+    rep.next_rates = now + std::max(o_.rates_interval_s, 1e-3);
+    for (std::size_t i = 0; i < n_; ++i) {
+      const policy::WorkerRates mine = rep.learner.rates(static_cast<WorkerId>(i));
+      auto& board = rates_board_[i];
+      while (board.size() >= 2 && board[1].first <= now) board.pop_front();
+      if (!board.empty() && board.front().first <= now) rep.learner.seed(static_cast<WorkerId>(i), board.front().second);
+      if (mine.prefill_samples > 0 || mine.decode_samples > 0) board.emplace_back(now + o_.sync_delay_s, mine);
+    }
+  }
+
+  // Applies one KV event to every replica's index (each subscribes to the workers' events). With a CPU tier a
+  // block can sit on both media while the index keeps one tier per (block, worker): it shows the GPU copy when
+  // there is one, else the CPU copy.
   void apply(WorkerId w, Delivery::Kind kind, sim::Medium m, std::span<const std::uint64_t> h) {
     using hashing::Tier;
     const Tier tier = m == sim::Medium::kGpu ? Tier::kGpu : Tier::kCpu;
     auto* media = workers_[w].media.get();
     switch (kind) {
       case Delivery::kCleared:
-        index_.clear_worker(w);
+        for (auto& rep : reps_) rep->index.clear_worker(w);
         if (media) media->clear();
         return;
       case Delivery::kStored:
         if (!media) {
-          index_.store(w, h, tier);
+          for (auto& rep : reps_) rep->index.store(w, h, tier);
           return;
         }
         for (std::uint64_t x : h) {
           std::uint8_t& bits = (*media)[x];
           bits |= static_cast<std::uint8_t>(1u << static_cast<int>(m));
           const std::uint64_t one[1] = {x};
-          index_.store(w, one, (bits & 1u) ? Tier::kGpu : Tier::kCpu);
+          for (auto& rep : reps_) rep->index.store(w, one, (bits & 1u) ? Tier::kGpu : Tier::kCpu);
         }
         return;
       case Delivery::kRemoved:
         if (!media) {
-          index_.remove(w, h);
+          for (auto& rep : reps_) rep->index.remove(w, h);
           return;
         }
         for (std::uint64_t x : h) {
@@ -472,40 +600,45 @@ class FleetSim {
           const std::uint64_t one[1] = {x};
           if (it->second == 0) {
             media->erase(it);
-            index_.remove(w, one);
+            for (auto& rep : reps_) rep->index.remove(w, one);
           } else if (m == sim::Medium::kGpu) {
-            index_.store(w, one, Tier::kCpu);
+            for (auto& rep : reps_) rep->index.store(w, one, Tier::kCpu);
           }
         }
         return;
     }
   }
 
-  void route(const Request& r, double t) {
-    // 1. The views the policy sees: router-tracked load, polled metrics, learned rates.
+  // Routes one arrival as the router replica `replica` sees the fleet.
+  void route(const Request& r, double t, std::size_t replica) {
+    Replica& rep = *reps_[replica];
+    // 1. The views the policy sees: router-tracked load (this replica's own, plus the others' as last read when
+    //    they share it, as Router::route adds it), polled metrics, learned rates.
     for (std::size_t i = 0; i < n_; ++i) {
       const WorkerState& ws = workers_[i];
+      const RouterLoad& l = rep.load[i];
       policy::WorkerView& v = views_[i];
       v.id = static_cast<WorkerId>(i);
       v.healthy = true;
-      v.in_flight = ws.in_flight;
-      v.pending_prefill_tokens = ws.pending_prefill;
-      ws.prefill_queue.fill(v, t);
-      v.active_decode_tokens = ws.active_decode;
-      v.inflight_kv_tokens = ws.inflight_kv;
+      v.in_flight = l.in_flight;
+      v.pending_prefill_tokens = l.pending_prefill;
+      l.prefill_queue.fill(v, t);
+      v.active_decode_tokens = l.active_decode;
+      v.inflight_kv_tokens = l.inflight_kv;
+      if (sharing_) rep.remote[i].add_to(v);
       v.running = ws.running;
       v.waiting = ws.waiting;
       v.kv_usage = ws.kv_usage;
       v.capacity_blocks = gpu_blocks_;
-      v.reused_blocks = uses_match_ ? index_.worker_reused_blocks(v.id) : 0;
+      v.reused_blocks = uses_match_ ? rep.index.worker_reused_blocks(v.id) : 0;
       v.max_running = max_running_;
-      learner_.apply(v);
+      rep.learner.apply(v);
     }
     // 2. Session binding.
     std::optional<std::size_t> preferred;
     if (r.session != 0) {
-      auto it = sessions_.find(r.session);
-      if (it != sessions_.end() && t - it->second.second <= o_.session_ttl_s) preferred = it->second.first;
+      auto it = rep.sessions.find(r.session);
+      if (it != rep.sessions.end() && t - it->second.second <= o_.session_ttl_s) preferred = it->second.first;
     }
     // 3. Match + pick, timed as the router's own decision cost.
     const auto t0 = std::chrono::steady_clock::now();
@@ -516,14 +649,14 @@ class FleetSim {
     ctx.max_tokens = r.output_tokens;
     ctx.workers = views_;
     if (uses_match_) {
-      index_.match(r.chain.hashes, match_);
+      rep.index.match(r.chain.hashes, match_);
       ctx.match = &match_;
     }
     ctx.preferred = preferred;
     ctx.affinity_key = r.affinity_key;
     ctx.sequence = r.id;
     ctx.random = mix(o_.seed, r.id);
-    ctx.fleet_tail_ttft_s = tail_.value();
+    ctx.fleet_tail_ttft_s = rep.tail.value();
     const std::optional<policy::Pick> pick = policy_.pick(ctx);
     const auto t1 = std::chrono::steady_clock::now();
     decision_us_.push_back(static_cast<float>(std::chrono::duration<double, std::micro>(t1 - t0).count()));
@@ -531,20 +664,22 @@ class FleetSim {
     const std::size_t wi = pick ? pick->worker : 0;
     const auto w = static_cast<WorkerId>(wi);
     WorkerState& ws = workers_[wi];
+    RouterLoad& l = rep.load[wi];
     Flight& f = flights_[r.id];
     f.worker = w;
+    f.replica = static_cast<std::uint32_t>(replica);
     f.arrival = t;
     const std::uint64_t predicted_cached = uses_match_ ? ctx.matched_tokens(wi) : 0;
     f.predicted_uncached = r.prompt_tokens - std::min<std::uint64_t>(r.prompt_tokens, predicted_cached);
-    f.queue_est = static_cast<double>(ws.pending_prefill) / std::max(views_[wi].prefill_tokens_per_s, 1.0);
+    f.queue_est = static_cast<double>(l.pending_prefill) / std::max(views_[wi].prefill_tokens_per_s, 1.0);
     f.estimate = pick ? pick->estimate_s : 0.0;
     f.itl_estimate = pick ? pick->itl_estimate_s : 0.0;
-    f.pending_at_dispatch = ws.pending_prefill;
-    f.in_flight_at_dispatch = ws.in_flight;
+    f.pending_at_dispatch = views_[wi].pending_prefill_tokens;
+    f.in_flight_at_dispatch = views_[wi].in_flight;
     if (uses_match_ && !o_.dump_dir.empty())
       for (std::size_t i = 0; i < views_.size(); ++i) f.best_matched = std::max(f.best_matched, ctx.matched_tokens(i));
     f.bound = preferred ? static_cast<int>(*preferred) : -1;
-    if (r.session != 0) sessions_[r.session] = {wi, t};
+    if (r.session != 0) rep.sessions[r.session] = {wi, t};
 
     // kv_cost's prefix hold, as the daemon does it (router/router.h, Router::route): in precise mode, a request
     // without a session whose matched prefix ends in a block an earlier request is still computing on the
@@ -552,21 +687,21 @@ class FleetSim {
     // event, or --prefix-hold seconds.
     hashing::ComputingPrefixes::Token leader = 0;
     const std::uint32_t mb = holds_ ? ctx.matched_blocks(wi) : 0;
-    if (mb > 0 && r.session == 0 && computing_.holds_help(w) &&
-        index_.tier(w, r.chain.hashes[mb - 1]) == hashing::Tier::kPredicted)
-      leader = computing_.computing(w, mb - 1, r.chain.hashes[mb - 1]).value_or(0);
-    if (holds_) f.computing = computing_.begin(w, r.chain.hashes, mb, t);
+    if (mb > 0 && r.session == 0 && rep.computing.holds_help(w) &&
+        rep.index.tier(w, r.chain.hashes[mb - 1]) == hashing::Tier::kPredicted)
+      leader = rep.computing.computing(w, mb - 1, r.chain.hashes[mb - 1]).value_or(0);
+    if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t);
 
     // 4. The observer's updates, then the request goes to the worker.
     if (holds_) {
       // As the daemon's expect(): the blocks it computes are predicted until the worker's events store them.
-      index_.record_routed(w, r.chain.hashes, mb);
+      rep.index.record_routed(w, r.chain.hashes, mb);
     } else if (uses_match_) {
       // Approximate mode: the routing history is the index (capacity-bounded LRU per worker). Precise mode:
       // the engine's events are the truth, but they arrive only after the prefill (plus the event delay),
       // so the router also records what it just routed, as Dynamo's KV router tracks its in-flight blocks;
       // the events then confirm or remove those entries (no capacity bound: the engine reports evictions).
-      index_.record(w, r.chain.hashes,
+      rep.index.record(w, r.chain.hashes,
                     run_.mode == IndexMode::kPrecise ? hashing::Tier::kGpu : hashing::Tier::kPredicted);
     }
     sim::SimRequest req;
@@ -578,35 +713,40 @@ class FleetSim {
     req.max_tokens = r.output_tokens;
     if (leader != 0) {
       f.held = std::make_unique<sim::SimRequest>(std::move(req));
-      ws.held.push_back({r.id, t + o_.prefix_hold_s, r.chain.hashes[mb - 1], leader});
+      ws.held.push_back({r.id, static_cast<std::uint32_t>(replica), t + o_.prefix_hold_s, r.chain.hashes[mb - 1], leader});
     } else if (!engines_[wi].submit(std::move(req), t)) {
       ++rejected_;
-      computing_.end(w, f.computing);
+      rep.computing.end(w, f.computing);
       return;
     }
     f.submitted = true;
-    ws.prefill_queue.add(r.id,
+    // What the others learn of it (the daemon's SharedState::routed): approximate mode the prediction, both
+    // modes the session it bound; in precise mode every replica reads the workers' events instead.
+    if (sharing_ && (run_.mode == IndexMode::kApproximate || r.session != 0))
+      stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), w, r.id, r.session});
+    l.prefill_queue.add(r.id,
                          policy::prefill_seconds(static_cast<double>(f.predicted_uncached),
                                                  static_cast<double>(r.prompt_tokens - f.predicted_uncached),
                                                  views_[wi].prefill_tokens_per_s),
                          t);
-    ws.in_flight += 1;
+    l.in_flight += 1;
     f.kv_tokens = f.predicted_uncached + policy::expected_output_tokens(r.output_tokens);
-    ws.inflight_kv += f.kv_tokens;
-    ws.pending_prefill += f.predicted_uncached;
+    l.inflight_kv += f.kv_tokens;
+    l.pending_prefill += f.predicted_uncached;
     ws.routed += 1;
   }
 
   // A held request the engine refused when it was released: undoes what routing it counted.
   void unsubmit(WorkerId w, std::uint64_t id, Flight& f, double t) {
-    WorkerState& ws = workers_[w];
-    ws.prefill_queue.remove(id, /*first_token=*/false, t);
+    Replica& rep = *reps_[f.replica];
+    RouterLoad& l = rep.load[w];
+    l.prefill_queue.remove(id, /*first_token=*/false, t);
     ++rejected_;
     f.submitted = false;
-    ws.in_flight -= 1;
-    ws.inflight_kv -= std::min(ws.inflight_kv, f.kv_tokens);
-    ws.pending_prefill -= std::min(ws.pending_prefill, f.predicted_uncached);
-    computing_.end(w, f.computing);
+    l.in_flight -= 1;
+    l.inflight_kv -= std::min(l.inflight_kv, f.kv_tokens);
+    l.pending_prefill -= std::min(l.pending_prefill, f.predicted_uncached);
+    rep.computing.end(w, f.computing);
   }
 
   void dump() const {
@@ -671,14 +811,13 @@ class FleetSim {
   std::vector<WorkerState> workers_;
   std::vector<policy::WorkerView> views_;
   std::vector<Flight> flights_;
-  hashing::PrefixIndex index_;
+  std::vector<std::unique_ptr<Replica>> reps_;  // arrival i goes to reps_[i % size]
+  bool sharing_ = false;                        // several replicas, sharing through "Redis"
+  std::deque<StreamRecord> stream_;             // routed records not yet readable, in time order
+  // The shared rates (the daemon's P:rates hash), by worker: (readable from, rates), oldest first.
+  std::vector<std::deque<std::pair<double, policy::WorkerRates>>> rates_board_;
   hashing::PrefixIndex::Match match_;
-  hashing::ComputingPrefixes computing_;
-  policy::RateLearner learner_;
-  std::unordered_map<std::uint64_t, std::pair<std::size_t, double>> sessions_;  // session -> (worker, last use)
   std::vector<float> decision_us_;
-  // The TTFT tail kv_cost prices (policy/recent_quantile.h), over the first tokens of this run.
-  policy::RecentQuantile tail_{policy::kFleetTailWindow, policy::kFleetTailQuantile};
   std::uint64_t gpu_blocks_ = 0;
   std::uint32_t max_running_ = 256;
   bool cpu_tier_ = false;
@@ -707,6 +846,7 @@ Result<FleetCapacity> fleet_capacity(const SimOptions& options) {
 Result<PolicyResult> simulate(const Workload& workload, const PolicyRun& run, const SimOptions& options,
                               std::atomic<std::size_t>* progress) {
   if (options.workers == 0 || options.workers > 4096) return make_error("--workers must be between 1 and 4096");
+  if (options.replicas == 0 || options.replicas > 256) return make_error("--replicas must be between 1 and 256");
   auto cfg = engine_config(options);
   if (!cfg) return cfg.error();
   auto policy = policy::make_policy(run.policy, options.policy);

@@ -33,6 +33,9 @@
 namespace kvroute::bench {
 
 enum class IndexMode : std::uint8_t { kNone, kApproximate, kPrecise };
+// What router replicas share (--sharing): nothing, or what the daemon's --shared-state shares through Redis.
+enum class Sharing : std::uint8_t { kNone, kRedis };
+Result<Sharing> parse_sharing(std::string_view s);
 enum class ModeChoice : std::uint8_t { kNative, kApproximate, kPrecise, kBoth };
 Result<ModeChoice> parse_mode(std::string_view s);
 
@@ -60,6 +63,19 @@ struct SimOptions {
   double event_delay_s = 0.05;      // how late KV events reach the index (precise mode)
   double session_ttl_s = 600;       // idle time after which a session binding is dropped
   double prefix_hold_s = 0.4;       // kv_cost's prefix hold at most (the daemon's --prefix-hold); 0: none
+  // Router replicas (architecture section 11). Arrivals go round-robin to `replicas` router states, each with
+  // its own index, session bindings, in-flight view, learned rates and TTFT tail; in precise mode every one
+  // reads the workers' KV events. With Sharing::kRedis they share what the daemon's --shared-state shares:
+  //   routed records (approximate mode: worker + chain; both modes: the session bound), readable by the others
+  //     sync_delay_s after the routing (the stream's XADD, then the others' outstanding XREAD BLOCK);
+  //   load, which each replica publishes and reads every load_interval_s on its own clock (phases spread over
+  //     the interval), so what it prices is the others' load as it was sync_delay_s + 0..2 intervals ago;
+  //   learned rates every rates_interval_s, seeding the workers a replica has not measured yet.
+  std::size_t replicas = 1;
+  Sharing sharing = Sharing::kNone;
+  double sync_delay_s = 0.002;       // a record's way from one replica through Redis to another
+  double load_interval_s = 0.025;    // the daemon's --shared-state-interval
+  double rates_interval_s = 2.0;     // SharedState::Options::rates_interval
   policy::PolicyOptions policy;
   // Debug: when set, every run writes DIR/<label>@<rate_scale>.csv, one line per request (arrival, prompt and
   // output tokens, worker, predicted and reported cached tokens, the pick's TTFT estimate, the worker's

@@ -61,6 +61,33 @@ struct WorkerView {
   std::uint32_t max_running = 256;            // running-sequence cap (batch size)
 };
 
+// The load the other router replicas put on one worker (what they share through --shared-state; architecture
+// section 11): a worker is priced by every replica's requests, so the daemon and the simulator both add the
+// others' sum to a view with add_to() before the policy sees it.
+//   LoadShare sum;  sum.add(from_replica_a);  sum.add(from_replica_b);  sum.add_to(view);
+struct LoadShare {
+  std::uint32_t in_flight = 0;
+  std::uint64_t pending_prefill_tokens = 0;
+  std::uint64_t active_decode_tokens = 0;
+  double pending_prefill_s = 0;
+  double oldest_prefill_s = 0;
+
+  void add(const LoadShare& o) {
+    in_flight += o.in_flight;
+    pending_prefill_tokens += o.pending_prefill_tokens;
+    active_decode_tokens += o.active_decode_tokens;
+    pending_prefill_s += o.pending_prefill_s;
+    oldest_prefill_s = std::max(oldest_prefill_s, o.oldest_prefill_s);
+  }
+  void add_to(WorkerView& v) const {
+    v.in_flight += in_flight;
+    v.pending_prefill_tokens += pending_prefill_tokens;
+    v.active_decode_tokens += active_decode_tokens;
+    v.pending_prefill_s += pending_prefill_s;
+    v.oldest_prefill_s = std::max(v.oldest_prefill_s, oldest_prefill_s);
+  }
+};
+
 // `blocks` leading blocks of a prompt as tokens: blocks x tokens per block, at most the prompt's tokens.
 inline std::uint64_t tokens_of_blocks(std::uint64_t blocks, double tokens_per_block, std::uint64_t prompt_tokens) {
   const auto tokens = static_cast<std::uint64_t>(std::llround(static_cast<double>(blocks) * tokens_per_block));

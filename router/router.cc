@@ -376,12 +376,7 @@ void Router::add_remote_load(std::vector<policy::WorkerView>& views) const {
   // Every replica's requests load the same workers: a worker is priced by the sum (architecture section 11).
   for (auto& v : views) {
     if (v.id >= remote->size()) continue;
-    const RemoteLoad& r = (*remote)[v.id];
-    v.in_flight += r.in_flight;
-    v.pending_prefill_tokens += r.pending_prefill_tokens;
-    v.active_decode_tokens += r.active_decode_tokens;
-    v.pending_prefill_s += r.pending_prefill_s;
-    v.oldest_prefill_s = std::max(v.oldest_prefill_s, r.oldest_prefill_s);
+    (*remote)[v.id].add_to(v);
   }
 }
 

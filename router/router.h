@@ -150,11 +150,7 @@ class Router {
   void adopt_response(const std::string& id, hashing::WorkerId worker);
   void seed_rates(hashing::WorkerId worker, const policy::WorkerRates& rates) { learner_.seed(worker, rates); }
   // The other replicas' load, indexed by worker id (replaces the previous one; empty: none known).
-  struct RemoteLoad {
-    std::uint32_t in_flight = 0;
-    std::uint64_t pending_prefill_tokens = 0, active_decode_tokens = 0;
-    double pending_prefill_s = 0, oldest_prefill_s = 0;
-  };
+  using RemoteLoad = policy::LoadShare;
   void set_remote_load(std::vector<RemoteLoad> by_worker);
 
   // Background responses ("background": true, not streamed) are answered "queued" at once and run on their

@@ -108,18 +108,27 @@ void SharedState::enqueue(Command c) {
 
 void SharedState::routed(std::string_view worker, std::uint64_t root, std::span<const hashing::BlockHash> hashes,
                          std::uint64_t session) {
+  // The request path only copies the hashes: the thread encodes the record (encode_routed) when it sends it.
   Command c;
-  c.args = {"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen), "*", "r", replica_,
-            "k",    "R",           "w",      std::string(worker), "n", wire::hex64(root), "h", wire::pack_hashes(hashes)};
-  if (session != 0) {
-    c.args.insert(c.args.end(), {"s", wire::hex64(session)});
-    Command s;
-    s.args = {"SET", key("session:" + wire::hex64(session)), std::string(worker), "PX",
-              std::to_string(static_cast<long long>(options_.session_ttl_s * 1000))};
-    enqueue(std::move(c));
-    return enqueue(std::move(s));
-  }
+  c.routed.emplace(Routed{std::string(worker), root, {hashes.begin(), hashes.end()}, session});
   enqueue(std::move(c));
+}
+
+void SharedState::encode_routed(Command& c, std::vector<Command>& out) const {
+  const Routed& r = *c.routed;
+  Command x;
+  x.args = {"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen), "*", "r", replica_,
+            "k",    "R",           "w",      r.worker, "n", wire::hex64(r.root), "h", wire::pack_hashes(r.hashes)};
+  if (r.session == 0) {
+    out.push_back(std::move(x));
+    return;
+  }
+  x.args.insert(x.args.end(), {"s", wire::hex64(r.session)});
+  out.push_back(std::move(x));
+  Command s;
+  s.args = {"SET", key("session:" + wire::hex64(r.session)), r.worker, "PX",
+            std::to_string(static_cast<long long>(options_.session_ttl_s * 1000))};
+  out.push_back(std::move(s));
 }
 
 void SharedState::response_owner(std::string_view id, std::string_view worker) {
@@ -368,15 +377,21 @@ bool SharedState::flush() {
     batch.swap(queue_);
   }
   if (batch.empty()) return true;
-  for (const auto& c : batch) conn_->append(c.args);
-  for (std::size_t i = 0; i < batch.size(); ++i) {
+  std::vector<Command> cmds;
+  cmds.reserve(batch.size());
+  for (auto& c : batch) {
+    if (c.routed) encode_routed(c, cmds);
+    else cmds.push_back(std::move(c));
+  }
+  for (const auto& c : cmds) conn_->append(c.args);
+  for (std::size_t i = 0; i < cmds.size(); ++i) {
     ReplyPtr r = conn_->reply();
     if (!r) {
-      dropped_.fetch_add(batch.size() - i, std::memory_order_relaxed);
+      dropped_.fetch_add(cmds.size() - i, std::memory_order_relaxed);
       return false;
     }
     published_.fetch_add(1, std::memory_order_relaxed);
-    const Command& c = batch[i];
+    const Command& c = cmds[i];
     if (r->type == REDIS_REPLY_ERROR) {
       set_error(std::string(c.args.front()) + ": " + std::string(r->str, r->len));
     } else if (c.reply == Command::Reply::kSession && r->type == REDIS_REPLY_STRING) {

@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -176,8 +177,12 @@ class SharedState {
     std::vector<std::string> args;
     enum class Reply : std::uint8_t { kIgnore, kSession, kResponse } reply = Reply::kIgnore;
     std::string key;  // what a lookup asked for
+    // A routed record as the request path handed it over (args empty): the thread encodes it.
+    std::optional<Routed> routed;
   };
   void enqueue(Command c);
+  // The XADD of a routed record, and the SET of the session it bound, appended to `out` (the thread).
+  void encode_routed(Command& c, std::vector<Command>& out) const;
   void lookup(Command::Reply reply, std::string_view space, std::string what);
   void run();
   bool connect();

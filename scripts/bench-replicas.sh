@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Reproduces the router-replica table of docs/benchmarks.md ("Router replicas"): kv_cost simulated with 1, 2, 4
+# and 8 router replicas (arrivals round-robin over them), each sharing nothing or what --shared-state shares
+# through Redis, in approximate and in precise mode, on the two Mooncake traces and the four built-in
+# generators, each at its knee rate scale (docs/benchmarks.md, "Results"). Writes one JSON file per cell into
+# OUT_DIR and the markdown table to OUT_DIR/replicas.md (and stdout).
+#
+#   scripts/bench-replicas.sh TRACE_DIR [OUT_DIR]
+#
+# TRACE_DIR holds conversation_trace.jsonl and synthetic_trace.jsonl (github.com/kvcache-ai/Mooncake,
+# FAST25-release/traces); without it only the generators run. TRACE_REQUESTS (default 3000) takes the first N
+# requests of each trace (the whole table then costs about 15 minutes of one core); 0 = the whole traces.
+# BUILD_DIR (default build-bench) is the CMake build directory; JOBS (default 1) cells run at once.
+set -euo pipefail
+
+TRACE_DIR="${1:-}"
+OUT_DIR="${2:-bench-results/replicas}"
+BUILD_DIR="${BUILD_DIR:-build-bench}"
+TRACE_REQUESTS="${TRACE_REQUESTS:-3000}"
+JOBS="${JOBS:-1}"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+
+if [[ -z "${BENCH:-}" ]]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$BUILD_DIR" --target kvroute-bench
+  BENCH="$BUILD_DIR/bin/kvroute-bench"
+fi
+mkdir -p "$OUT_DIR"
+
+# name, source arguments, rate scale (the knee of docs/benchmarks.md's Results for that workload)
+cells=()
+if [[ -n "$TRACE_DIR" ]]; then
+  limit=()
+  [[ "$TRACE_REQUESTS" != 0 ]] && limit=(--max-requests "$TRACE_REQUESTS")
+  cells+=("conversation_trace|--trace $TRACE_DIR/conversation_trace.jsonl ${limit[*]}|2.57")
+  cells+=("synthetic_trace|--trace $TRACE_DIR/synthetic_trace.jsonl ${limit[*]}|2.16")
+fi
+cells+=("shared_prefix|--workload shared_prefix|0.814" "multi_turn|--workload multi_turn|1.28"
+        "tenants|--workload tenants|0.947" "zipf_tools|--workload zipf_tools|0.989")
+
+run_cell() {  # name source scale mode replicas sharing
+  local out="$OUT_DIR/$1.$4.r$5.$6.json"
+  [[ -s "$out" ]] && return 0
+  # shellcheck disable=SC2086
+  nice -n 10 "$BENCH" simulate $2 --policies kv_cost --mode "$4" --replicas "$5" --sharing "$6" \
+    --rate-scale "$3" --workers 8 --seed 1 --threads 1 --no-progress --json "$out.tmp" >/dev/null
+  mv "$out.tmp" "$out"
+  echo "  $1 $4 x$5 $6" >&2
+}
+
+pids=()
+for cell in "${cells[@]}"; do
+  IFS='|' read -r name source scale <<<"$cell"
+  echo "== $name (rate scale $scale)" >&2
+  for mode in approximate precise; do
+    for spec in "1 none" "2 none" "2 redis" "4 none" "4 redis" "8 none" "8 redis"; do
+      set -- $spec
+      run_cell "$name" "$source" "$scale" "$mode" "$1" "$2" &
+      pids+=($!)
+      if ((${#pids[@]} >= JOBS)); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+    done
+  done
+done
+for p in "${pids[@]}"; do wait "$p"; done
+
+python3 - "$OUT_DIR" <<'EOF' | tee "$OUT_DIR/replicas.md"
+import json, os, sys
+d = sys.argv[1]
+cells = {}
+for f in sorted(os.listdir(d)):
+    if not f.endswith(".json"):
+        continue
+    name, mode, rep, sharing, _ = f.split(".")
+    p = json.load(open(os.path.join(d, f)))["policies"][0]
+    cells[(name, mode, int(rep[1:]), sharing)] = p
+order = ["conversation_trace", "synthetic_trace", "shared_prefix", "multi_turn", "tenants", "zipf_tools"]
+print("| workload | mode | replicas | sharing | hit rate | mean TTFT s | p99 TTFT s | hit / 1 replica | mean / 1 | p99 / 1 |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for name in [n for n in order if any(k[0] == n for k in cells)]:
+    for mode in ["approximate", "precise"]:
+        one = cells.get((name, mode, 1, "none"))
+        if not one:
+            continue
+        for rep in [1, 2, 4, 8]:
+            for sharing in (["none"] if rep == 1 else ["none", "redis"]):
+                c = cells.get((name, mode, rep, sharing))
+                if not c:
+                    continue
+                ratios = [c[k] / one[k] if one[k] else 0 for k in ("hit_rate", "ttft_mean_s", "ttft_p99_s")]
+                cols = ["%.3f" % x for x in ratios]
+                if rep == 8 and sharing == "redis":
+                    cols = ["**%s**" % x for x in cols]
+                print("| %s | %s | %d | %s | %.1f %% | %.3f | %.3f | %s |" % (
+                    name, mode, rep, sharing if rep > 1 else "-", 100 * c["hit_rate"], c["ttft_mean_s"],
+                    c["ttft_p99_s"], " | ".join(cols)))
+EOF
