@@ -203,6 +203,7 @@ class FleetSim {
       auto rep = std::make_unique<Replica>();
       rep->load.resize(n_);
       rep->remote.resize(n_);
+      rep->peers.resize(replicas);
       // Each replica's exchanges run on its own clock: their phases spread over the interval.
       rep->next_load = o.load_interval_s * static_cast<double>(r) / static_cast<double>(replicas);
       rep->next_rates = o.rates_interval_s * static_cast<double>(r) / static_cast<double>(replicas);
@@ -308,9 +309,23 @@ class FleetSim {
     policy::RecentQuantile tail{policy::kFleetTailWindow, policy::kFleetTailQuantile};
     std::vector<RouterLoad> load;             // by worker
     std::vector<policy::LoadShare> remote;    // by worker: the sum of the others' load as last read
-    // This replica's published load (the daemon's P:load:REPLICA key): (readable from, load by worker).
-    std::deque<std::pair<double, std::vector<policy::LoadShare>>> published;
-    double next_load = 0, next_rates = 0;     // its next load and rates exchanges
+    // This replica's published load (the daemon's P:load:REPLICA key), oldest first.
+    struct Published {
+      double at;                               // readable from
+      std::uint64_t seq;                       // the routed records it covers (those with seq <= this)
+      std::vector<policy::LoadShare> load;     // by worker
+    };
+    std::deque<Published> published;
+    std::uint64_t routed_seq = 0;              // routed records sent
+    // What this replica knows of each other one's load: its last published load read, plus the load of the
+    // requests it routed since (their records came on the stream after that load was taken).
+    struct Peer {
+      std::uint64_t covered = 0;
+      std::vector<policy::LoadShare> load;
+      std::vector<std::pair<std::uint64_t, std::pair<WorkerId, policy::LoadShare>>> since;
+    };
+    std::vector<Peer> peers;                   // by replica
+    double next_load = 0, next_rates = 0;      // its next load and rates exchanges
   };
 
   // A routed record on the shared stream (the daemon's SharedState::routed): the others apply it from `at`.
@@ -318,8 +333,11 @@ class FleetSim {
     double at;
     std::uint32_t from;        // the replica that routed it
     WorkerId worker;
-    std::uint64_t request;     // whose chain (approximate mode: the hashes are on the record)
+    std::uint64_t request;     // whose chain (the hashes are on the record)
     std::uint64_t session;     // the session it bound, 0: none
+    std::uint32_t computes_from;  // precise mode: the chain's blocks from here on are computed by the request
+    std::uint64_t seq;         // the sender's count of routed records, this one included
+    policy::LoadShare load;    // what the request adds to the worker's load
   };
 
   struct WorkerState {
@@ -516,9 +534,19 @@ class FleetSim {
       for (std::size_t q = 0; q < reps_.size(); ++q) {
         if (q == rec.from) continue;
         Replica& rep = *reps_[q];
-        if (run_.mode == IndexMode::kApproximate && uses_match_)
-          rep.index.record(rec.worker, w_.requests[rec.request].chain.hashes, hashing::Tier::kPredicted);
+        const auto& hashes = w_.requests[rec.request].chain.hashes;
+        if (run_.mode == IndexMode::kApproximate && uses_match_) rep.index.record(rec.worker, hashes, hashing::Tier::kPredicted);
+        // Precise mode: the blocks the request will compute, predicted until the worker's events store them (as
+        // the sender's own expect()); without them a burst on a new prefix looks cold on every other replica.
+        if (run_.mode == IndexMode::kPrecise && uses_match_) rep.index.expect(rec.worker, hashes);
+        // ... and what it computes, for prefix holds here (ComputingPrefixes::begin_elsewhere).
+        if (holds_) rep.computing.begin_elsewhere(rec.worker, hashes, rec.computes_from, rec.at);
         if (rec.session != 0) rep.sessions[rec.session] = {rec.worker, rec.at};
+        Replica::Peer& peer = rep.peers[rec.from];
+        if (rec.seq > peer.covered) {
+          peer.since.push_back({rec.seq, {rec.worker, rec.load}});
+          rep.remote[rec.worker].add(rec.load);
+        }
       }
       stream_.pop_front();
     }
@@ -538,15 +566,21 @@ class FleetSim {
       l.prefill_queue.fill(v, now);
       mine[i] = {l.in_flight, l.pending_prefill, l.active_decode, v.pending_prefill_s, v.oldest_prefill_s};
     }
-    rep.published.emplace_back(now + o_.sync_delay_s, std::move(mine));
+    rep.published.push_back({now + o_.sync_delay_s, rep.routed_seq, std::move(mine)});
     std::fill(rep.remote.begin(), rep.remote.end(), policy::LoadShare{});
     for (std::size_t q = 0; q < reps_.size(); ++q) {
       if (q == k) continue;
       auto& pub = reps_[q]->published;
       // Exchanges run in time order, so a record a later one made readable is the latest for every reader.
-      while (pub.size() >= 2 && pub[1].first <= now) pub.pop_front();
-      if (pub.empty() || pub.front().first > now) continue;
-      for (std::size_t i = 0; i < n_; ++i) rep.remote[i].add(pub.front().second[i]);
+      while (pub.size() >= 2 && pub[1].at <= now) pub.pop_front();
+      Replica::Peer& peer = rep.peers[q];
+      if (!pub.empty() && pub.front().at <= now && pub.front().seq >= peer.covered) {
+        peer.covered = pub.front().seq;
+        peer.load = pub.front().load;
+        std::erase_if(peer.since, [&](const auto& d) { return d.first <= peer.covered; });
+      }
+      for (std::size_t i = 0; i < peer.load.size(); ++i) rep.remote[i].add(peer.load[i]);
+      for (const auto& d : peer.since) rep.remote[d.second.first].add(d.second.second);
     }
   }
 
@@ -722,13 +756,14 @@ class FleetSim {
     f.submitted = true;
     // What the others learn of it (the daemon's SharedState::routed): approximate mode the prediction, both
     // modes the session it bound; in precise mode every replica reads the workers' events instead.
-    if (sharing_ && (run_.mode == IndexMode::kApproximate || r.session != 0))
-      stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), w, r.id, r.session});
-    l.prefill_queue.add(r.id,
-                         policy::prefill_seconds(static_cast<double>(f.predicted_uncached),
-                                                 static_cast<double>(r.prompt_tokens - f.predicted_uncached),
-                                                 views_[wi].prefill_tokens_per_s),
-                         t);
+    const double prefill_s = policy::prefill_seconds(static_cast<double>(f.predicted_uncached),
+                                                     static_cast<double>(r.prompt_tokens - f.predicted_uncached),
+                                                     views_[wi].prefill_tokens_per_s);
+    if (sharing_) {
+      stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), w, r.id, r.session, mb,
+                         ++rep.routed_seq, {1, f.predicted_uncached, 0, prefill_s, 0}});
+    }
+    l.prefill_queue.add(r.id, prefill_s, t);
     l.in_flight += 1;
     f.kv_tokens = f.predicted_uncached + policy::expected_output_tokens(r.output_tokens);
     l.inflight_kv += f.kv_tokens;

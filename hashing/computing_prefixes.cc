@@ -15,6 +15,21 @@ ComputingPrefixes::Token ComputingPrefixes::begin(WorkerId worker, std::span<con
   return t;
 }
 
+ComputingPrefixes::Token ComputingPrefixes::begin_elsewhere(WorkerId worker, std::span<const BlockHash> chain,
+                                                            std::size_t from, double now) {
+  if (from >= chain.size()) return 0;
+  std::lock_guard lock(mu_);
+  if (worker >= workers_.size()) workers_.resize(static_cast<std::size_t>(worker) + 1);
+  auto& list = workers_[worker].entries;
+  // Others' entries whose store event never came (the request failed there, or the event was lost).
+  std::erase_if(list, [&](const Entry& e) { return e.elsewhere && now - e.began_at > kElsewhereTtl; });
+  const Token t = next_++;
+  Entry e{t, from, std::vector<BlockHash>(chain.begin() + static_cast<std::ptrdiff_t>(from), chain.end()), now};
+  e.elsewhere = true;
+  list.push_back(std::move(e));
+  return t;
+}
+
 std::optional<ComputingPrefixes::Entry> ComputingPrefixes::take(WorkerId worker, Token token) {
   if (token == 0 || worker >= workers_.size()) return std::nullopt;
   auto& list = workers_[worker].entries;
@@ -33,9 +48,12 @@ void ComputingPrefixes::end(WorkerId worker, Token token) {
 void ComputingPrefixes::stored(WorkerId worker, std::span<const BlockHash> blocks, double now) {
   std::lock_guard lock(mu_);
   if (worker >= workers_.size()) return;
-  for (Entry& e : workers_[worker].entries) {
+  auto& list = workers_[worker].entries;
+  for (Entry& e : list) {
     if (e.stored_at < 0 && std::find(blocks.begin(), blocks.end(), e.blocks.back()) != blocks.end()) e.stored_at = now;
   }
+  // Another replica's request has computed its blocks: nothing of it is computing any more.
+  std::erase_if(list, [](const Entry& e) { return e.elsewhere && e.stored_at >= 0; });
 }
 
 void ComputingPrefixes::first_token(WorkerId worker, Token token, double now) {

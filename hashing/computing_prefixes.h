@@ -48,6 +48,11 @@ class ComputingPrefixes {
   // A request sent to `worker` at `now` (seconds on the caller's clock) computes blocks [from, chain.size()) of
   // `chain`. Returns its token, 0 when it computes no full block.
   Token begin(WorkerId worker, std::span<const BlockHash> chain, std::size_t from, double now = 0);
+  // Another router replica's request (its routed record, --shared-state): this replica never sees its first
+  // token, so the entry ends when the worker's event stores its last block, or kElsewhereTtl seconds after
+  // `now` (an entry registered later, of any kind, sweeps it). It teaches no commit timing.
+  Token begin_elsewhere(WorkerId worker, std::span<const BlockHash> chain, std::size_t from, double now);
+  static constexpr double kElsewhereTtl = 5.0;
   // It ended without a first token (or one that says nothing of its prefill, such as a non-streamed
   // response's): its blocks are no longer being computed. No-op for 0.
   void end(WorkerId worker, Token token);
@@ -80,6 +85,7 @@ class ComputingPrefixes {
     std::vector<BlockHash> blocks;  // chain[from..]
     double began_at = 0;            // when it was sent
     double stored_at = -1;          // when the worker's event stored blocks.back(); -1: not yet
+    bool elsewhere = false;         // another replica's request (begin_elsewhere)
   };
   struct Worker {
     std::vector<Entry> entries;  // in registration order

@@ -114,7 +114,10 @@ void ReplicaSync::on_cordon(const backends::Worker& w, bool cordoned, Origin by)
 void ReplicaSync::apply_routed(const shared_state::Routed& r) {
   if (r.hashes.empty()) return;
   auto w = registry_.find_by_url(r.worker);
-  if (!w || w->precise()) return;  // unknown here, or its own events say what it holds
+  if (!w) return;  // unknown here
+  // In precise mode the worker's events say what it holds, but only once it has computed it: until then the
+  // others expect the chain as the sender does.
+  if (w->precise()) return router_.expect_elsewhere(w->id(), r.hashes, r.computes_from);
   router_.index().record(w->id(), r.hashes);
 }
 

@@ -5,10 +5,11 @@
 // Router::remember_response() the response owners, each a non-blocking enqueue. The operator's admin changes are
 // heard at the registry (its listeners, and Worker::set_cordoned() with Origin::kOperator), so whichever front
 // end made them, they reach the others and Redis's admin state. Inbound, on the shared state's thread: the
-// others' predictions go into the prefix index as this replica's own (approximate mode only: in precise mode the
-// worker's events are the truth), their bindings and owners into the router's maps, their admin changes into
+// others' predictions go into the prefix index as this replica's own (in precise mode as expected blocks, until
+// the worker's events confirm them, and as computing there, for prefix holds), their bindings and owners into the router's maps, their admin changes into
 // the registry (Origin::kShared, so they are not sent back), their learned rates into workers not yet learned
-// here, and their load into what route() prices. Workers are named by URL: ids are per replica.
+// here, and their load (published every interval, plus each routed record's share until then) into what
+// route() prices. Workers are named by URL: ids are per replica.
 //
 //   ReplicaSync sync(config, registry, router, metrics);
 //   if (auto ok = sync.start(); !ok) fail(ok.error().message);   // after the configured workers are added

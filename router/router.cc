@@ -194,11 +194,11 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   // events confirm them, and whatever is still unconfirmed when the request ends is dropped. Only token
   // chains can be confirmed (events carry token ids), so text chains are not recorded.
   d.kv_tokens = d.uncached_tokens + policy::expected_output_tokens(request.max_tokens);
-  d.prefill_ticket = d.worker->begin(
-      d.uncached_tokens,
+  const double prefill_s =
       policy::prefill_seconds(static_cast<double>(d.uncached_tokens),
-                              static_cast<double>(request.prompt_tokens - d.uncached_tokens), chosen.prefill_tokens_per_s),
-      d.kv_tokens);
+                              static_cast<double>(request.prompt_tokens - d.uncached_tokens), chosen.prefill_tokens_per_s);
+  d.prefill_ticket = d.worker->begin(d.uncached_tokens, prefill_s, d.kv_tokens);
+  const bool expected = d.worker->precise() && request.chain.unit == hashing::Unit::kToken;
   if (!d.worker->precise()) {
     index_.record(d.worker->id(), request.chain.hashes);
   } else if (request.chain.unit == hashing::Unit::kToken) {
@@ -221,12 +221,16 @@ Result<Decision> Router::route(const RoutableRequest& request) {
     d.expected = request.chain.hashes;
   }
   if (!session_id.empty()) bind_session(session_id, d.worker->id());
-  // The other replicas apply what this one predicted (approximate mode) and the session it bound. In precise
-  // mode every replica reads the worker's own events, so only the binding is worth sending.
-  if (shared && (!d.worker->precise() || session != 0)) {
+  // The other replicas apply what this one predicted, the load it adds to the worker (until this replica's
+  // next published load covers it) and the session it bound. In precise mode every replica reads the worker's
+  // own events, but those come only after the prefill: the others expect the chain as this replica does, and
+  // note the blocks it computes for their prefix holds (ReplicaSync::apply_routed).
+  if (shared) {
+    const bool send_chain = !d.worker->precise() || expected;
     shared->routed(d.worker->endpoint().url, request.chain.root,
-                    d.worker->precise() ? std::span<const hashing::BlockHash>() : std::span(request.chain.hashes),
-                    session);
+                   send_chain ? std::span(request.chain.hashes) : std::span<const hashing::BlockHash>(), session,
+                   policy::LoadShare{1, d.uncached_tokens, 0, prefill_s, 0},
+                   expected ? ctx.matched_blocks(pick->worker) : 0);
   }
   metrics_.routed(std::string(policy::reason_name(d.pick.reason)));
   if (auto s = metrics_.worker(d.worker->id())) {
@@ -354,6 +358,14 @@ std::optional<hashing::WorkerId> Router::response_owner(const std::string& id) c
 std::uint64_t Router::session_hash(std::string_view key) {
   // A fixed seed: every replica must map a key to the same hash (docs/operations.md, "Router replicas").
   return XXH3_64bits_withSeed(key.data(), key.size(), 0x6b76726f75746573ull);
+}
+
+void Router::expect_elsewhere(hashing::WorkerId worker, std::span<const hashing::BlockHash> chain,
+                              std::size_t computes_from) {
+  index_.expect(worker, chain);
+  if (config_.prefix_hold_s > 0 && policy_->waits_for_computing_prefix()) {
+    computing_.begin_elsewhere(worker, chain, computes_from, seconds_since_epoch(std::chrono::steady_clock::now()));
+  }
 }
 
 void Router::adopt_session(std::uint64_t key_hash, hashing::WorkerId worker) {

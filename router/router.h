@@ -147,6 +147,9 @@ class Router {
   // Sessions are kept by this hash of their key (the replicas share only the hash).
   static std::uint64_t session_hash(std::string_view key);
   void adopt_session(std::uint64_t key_hash, hashing::WorkerId worker);
+  // Another replica routed this token chain to a precise-mode worker: expected here too (predicted until the
+  // worker's events store it), and its blocks from `computes_from` on computing there, for prefix holds.
+  void expect_elsewhere(hashing::WorkerId worker, std::span<const hashing::BlockHash> chain, std::size_t computes_from);
   void adopt_response(const std::string& id, hashing::WorkerId worker);
   void seed_rates(hashing::WorkerId worker, const policy::WorkerRates& rates) { learner_.seed(worker, rates); }
   // The other replicas' load, indexed by worker id (replaces the previous one; empty: none known).

@@ -107,10 +107,11 @@ void SharedState::enqueue(Command c) {
 }
 
 void SharedState::routed(std::string_view worker, std::uint64_t root, std::span<const hashing::BlockHash> hashes,
-                         std::uint64_t session) {
+                         std::uint64_t session, const policy::LoadShare& load, std::uint32_t computes_from) {
   // The request path only copies the hashes: the thread encodes the record (encode_routed) when it sends it.
   Command c;
-  c.routed.emplace(Routed{std::string(worker), root, {hashes.begin(), hashes.end()}, session});
+  c.routed.emplace(Routed{std::string(worker), root, {hashes.begin(), hashes.end()}, session, load,
+                          routed_seq_.fetch_add(1, std::memory_order_relaxed) + 1, computes_from});
   enqueue(std::move(c));
 }
 
@@ -118,7 +119,9 @@ void SharedState::encode_routed(Command& c, std::vector<Command>& out) const {
   const Routed& r = *c.routed;
   Command x;
   x.args = {"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen), "*", "r", replica_,
-            "k",    "R",           "w",      r.worker, "n", wire::hex64(r.root), "h", wire::pack_hashes(r.hashes)};
+            "k",    "R",           "w",      r.worker, "n", wire::hex64(r.root), "h", wire::pack_hashes(r.hashes),
+            "q",    std::to_string(r.seq), "l", wire::pack_share(r.load)};
+  if (r.computes_from > 0) x.args.insert(x.args.end(), {"c", std::to_string(r.computes_from)});
   if (r.session == 0) {
     out.push_back(std::move(x));
     return;
@@ -261,6 +264,7 @@ bool SharedState::wait(Clock::duration timeout) {
   ReplyPtr r = reader_->reply();
   if (!r) return false;
   apply_entries(r.get());
+  if (peers_changed_) give_remote_load();
   return true;
 }
 
@@ -361,6 +365,7 @@ void SharedState::went_down(const std::string& why) {
   reading_ = false;
   up_.store(false);
   if (was_up_ || !told_down_) {
+    peers_.clear();
     handler_.apply_remote_load({});  // the others' load is not known any more
     handler_.up_changed(false, why);
     if (was_up_) reconnects_.fetch_add(1, std::memory_order_relaxed);
@@ -404,19 +409,23 @@ bool SharedState::flush() {
 }
 
 bool SharedState::exchange_load() {
+  // The count first: every record it covers was routed (and its load counted here) before local_load() reads.
+  const std::uint64_t seq = routed_seq_.load(std::memory_order_relaxed);
   const std::string mine = wire::pack_load(handler_.local_load());
   const std::string load_key = key("load:" + replica_);
-  // An idle replica deletes its key once instead of writing zeros every interval.
+  // An idle replica deletes its key once instead of writing zeros every interval; it writes its count alone when
+  // it routed since its last load (the others then drop those records' load).
   int writes = 0;
-  if (!mine.empty()) {
-    conn_->append({"SET", load_key, mine, "PX", std::to_string(options_.load_ttl.count())});
+  if (!mine.empty() || seq != published_seq_) {
+    conn_->append({"SET", load_key, wire::pack_load_seq(seq) + mine, "PX", std::to_string(options_.load_ttl.count())});
     conn_->append({"SADD", key("replicas"), replica_});
     writes = 2;
   } else if (load_published_) {
     conn_->append({"DEL", load_key});
     writes = 1;
   }
-  load_published_ = !mine.empty();
+  load_published_ = !mine.empty() || seq != published_seq_;
+  published_seq_ = seq;
   conn_->append({"SMEMBERS", key("replicas")});
   for (int i = 0; i < writes; ++i) {
     if (!conn_->reply()) return false;
@@ -427,8 +436,9 @@ bool SharedState::exchange_load() {
   for (std::size_t i = 0; members->type == REDIS_REPLY_ARRAY && i < members->elements; ++i) {
     if (str(members->element[i]) != replica_) others.emplace_back(str(members->element[i]));
   }
-  std::vector<WorkerLoad> sum;
   std::size_t live = 0;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& [id, p] : peers_) p.load.clear();
   if (!others.empty()) {
     std::vector<std::string> mget{"MGET"};
     for (const auto& o : others) mget.push_back(key("load:" + o));
@@ -437,7 +447,12 @@ bool SharedState::exchange_load() {
     std::vector<std::string> gone{"SREM", key("replicas")};
     for (std::size_t i = 0; values->type == REDIS_REPLY_ARRAY && i < values->elements && i < others.size(); ++i) {
       if (values->element[i]->type == REDIS_REPLY_STRING) {
-        wire::add_load(str(values->element[i]), sum);
+        const std::string_view text = str(values->element[i]);
+        Peer& p = peers_[others[i]];
+        p.covered = std::max(p.covered, wire::load_seq(text));
+        wire::add_load(text, p.load);
+        std::erase_if(p.since, [&](const auto& d) { return d.first <= p.covered; });
+        p.seen = now;
         ++live;
       } else {
         gone.push_back(others[i]);  // expired: that replica stopped or is idle; it adds itself back when busy
@@ -445,9 +460,21 @@ bool SharedState::exchange_load() {
     }
     if (gone.size() > 2 && !conn_->command(gone)) return false;
   }
+  // A replica whose load expired, and records of one whose load never came within the load's lifetime.
+  std::erase_if(peers_, [&](const auto& e) { return now - e.second.seen > options_.load_ttl; });
   replicas_.store(live, std::memory_order_relaxed);
-  handler_.apply_remote_load(std::move(sum));
+  give_remote_load();
   return true;
+}
+
+void SharedState::give_remote_load() {
+  std::vector<WorkerLoad> sum;
+  for (const auto& [id, p] : peers_) {
+    for (const auto& l : p.load) wire::add_load(l, sum);
+    for (const auto& [seq, l] : p.since) wire::add_load(l, sum);
+  }
+  peers_changed_ = false;
+  handler_.apply_remote_load(std::move(sum));
 }
 
 bool SharedState::exchange_rates() {
@@ -537,6 +564,18 @@ void SharedState::apply_record(std::span<const std::pair<std::string_view, std::
     r.root = wire::parse_hex64(field("n")).value_or(0);
     r.hashes = wire::unpack_hashes(field("h"));
     r.session = wire::parse_hex64(field("s")).value_or(0);
+    r.seq = wire::parse_count(field("q")).value_or(0);
+    r.computes_from = static_cast<std::uint32_t>(std::min<std::uint64_t>(wire::parse_count(field("c")).value_or(0), r.hashes.size()));
+    if (auto l = wire::unpack_share(field("l")); l && r.seq > 0) {
+      Peer& p = peers_[std::string(field("r"))];
+      // Bounded: a sender whose published load never comes (it stopped) is forgotten at the next exchange.
+      if (r.seq > p.covered && p.since.size() < 100'000) {
+        WorkerLoad w{worker, l->in_flight, l->pending_prefill_tokens, l->pending_prefill_s, 0, l->active_decode_tokens};
+        p.since.emplace_back(r.seq, std::move(w));
+        p.seen = std::chrono::steady_clock::now();
+        peers_changed_ = true;
+      }
+    }
     handler_.apply_routed(r);
     if (r.session != 0) handler_.apply_session(r.session, worker);
   } else if (kind == "O") {

@@ -83,6 +83,11 @@ struct Routed {
   std::uint64_t root = 0;
   std::vector<hashing::BlockHash> hashes;
   std::uint64_t session = 0;  // hash of the session key bound to the worker; 0: none
+  // What the request adds to the worker's load: the others add it at once, until the sender's next published
+  // load (which carries the count of records it covers) includes it.
+  policy::LoadShare load;
+  std::uint64_t seq = 0;            // the sender's routed records so far, this one included
+  std::uint32_t computes_from = 0;  // precise mode: the request computes hashes[computes_from..]
 };
 
 // An operator's change to the fleet, made on one replica and applied on all.
@@ -162,7 +167,7 @@ class SharedState {
 
   // Non-blocking; callable from any thread.
   void routed(std::string_view worker, std::uint64_t root, std::span<const hashing::BlockHash> hashes,
-              std::uint64_t session);
+              std::uint64_t session, const policy::LoadShare& load = {}, std::uint32_t computes_from = 0);
   void response_owner(std::string_view id, std::string_view worker);
   void admin(const AdminChange& change);
   // Asks Redis for a binding this replica does not know; the answer, if any, comes through the handler.
@@ -213,6 +218,7 @@ class SharedState {
   std::string last_error_;     // guarded by mu_
   std::atomic<std::uint64_t> published_{0}, dropped_{0}, applied_{0}, resyncs_{0}, reconnects_{0};
   std::atomic<std::size_t> replicas_{0};
+  std::atomic<std::uint64_t> routed_seq_{0};  // routed records made here
   std::atomic<bool> up_{false};
   std::atomic<bool> warm_{false};
   std::atomic<bool> told_down_attempted_{false};  // a first connection attempt failed (start() stops waiting)
@@ -226,6 +232,18 @@ class SharedState {
   bool reading_ = false;  // an XREAD is outstanding on reader_
   std::string last_id_ = "0-0";
   bool load_published_ = false;  // this replica's load key holds a non-empty load
+  std::uint64_t published_seq_ = 0;  // the routed records the last published load covered
+  // The others' load as this replica knows it: each one's last published load, plus the load of the requests
+  // it routed since (their records came on the stream after that load was taken), by replica id.
+  struct Peer {
+    std::uint64_t covered = 0;
+    std::vector<WorkerLoad> load;
+    std::vector<std::pair<std::uint64_t, WorkerLoad>> since;  // (seq, the request's load)
+    std::chrono::steady_clock::time_point seen{};
+  };
+  std::map<std::string, Peer, std::less<>> peers_;
+  bool peers_changed_ = false;  // records added load since the handler was last given the sum
+  void give_remote_load();      // the sum over peers_ to the handler
   bool was_up_ = false, told_down_ = false;
 };
 

@@ -155,6 +155,16 @@ std::string pack_load(const std::vector<WorkerLoad>& load) {
   return out;
 }
 
+void add_load(const WorkerLoad& l, std::vector<WorkerLoad>& sum) {
+  auto it = std::find_if(sum.begin(), sum.end(), [&](const WorkerLoad& s) { return s.worker == l.worker; });
+  if (it == sum.end()) return sum.push_back(l);
+  it->in_flight += l.in_flight;
+  it->pending_prefill_tokens += l.pending_prefill_tokens;
+  it->pending_prefill_s += l.pending_prefill_s;
+  it->oldest_prefill_s = std::max(it->oldest_prefill_s, l.oldest_prefill_s);
+  it->active_decode_tokens += l.active_decode_tokens;
+}
+
 void add_load(std::string_view text, std::vector<WorkerLoad>& sum) {
   for_each_line(text, [&](std::string_view line) {
     const auto f = fields(line);
@@ -164,18 +174,42 @@ void add_load(std::string_view text, std::vector<WorkerLoad>& sum) {
         !parse_number(f[5], l.active_decode_tokens)) {
       return;
     }
-    auto it = std::find_if(sum.begin(), sum.end(), [&](const WorkerLoad& s) { return s.worker == f[0]; });
-    if (it == sum.end()) {
-      l.worker = std::string(f[0]);
-      sum.push_back(std::move(l));
-      return;
-    }
-    it->in_flight += l.in_flight;
-    it->pending_prefill_tokens += l.pending_prefill_tokens;
-    it->pending_prefill_s += l.pending_prefill_s;
-    it->oldest_prefill_s = std::max(it->oldest_prefill_s, l.oldest_prefill_s);
-    it->active_decode_tokens += l.active_decode_tokens;
+    l.worker = std::string(f[0]);
+    add_load(l, sum);
   });
+}
+
+std::string pack_load_seq(std::uint64_t seq) { return "#\t" + std::to_string(seq) + "\n"; }
+
+std::uint64_t load_seq(std::string_view text) {
+  if (!text.starts_with("#\t")) return 0;
+  const auto f = fields(text.substr(0, text.find('\n')));
+  std::uint64_t seq = 0;
+  return f.size() == 2 && parse_number(f[1], seq) ? seq : 0;
+}
+
+std::string pack_share(const policy::LoadShare& l) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%llu\t%.6g", static_cast<unsigned long long>(l.pending_prefill_tokens),
+                l.pending_prefill_s);
+  return buf;
+}
+
+std::optional<policy::LoadShare> unpack_share(std::string_view text) {
+  const auto f = fields(text);
+  policy::LoadShare l;
+  l.in_flight = 1;
+  if (f.size() != 2 || !parse_number(f[0], l.pending_prefill_tokens) || !parse_double(f[1], l.pending_prefill_s) ||
+      !(l.pending_prefill_s >= 0 && l.pending_prefill_s < 1e6)) {
+    return std::nullopt;
+  }
+  return l;
+}
+
+std::optional<std::uint64_t> parse_count(std::string_view s) {
+  std::uint64_t v = 0;
+  if (s.empty() || !parse_number(s, v)) return std::nullopt;
+  return v;
 }
 
 std::string pack_rates(const policy::WorkerRates& r) {

@@ -27,6 +27,17 @@ std::optional<std::uint64_t> parse_hex64(std::string_view s);
 std::string pack_load(const std::vector<WorkerLoad>& load);
 // Adds the lines of `text` into `sum` (by worker URL); malformed lines are skipped.
 void add_load(std::string_view text, std::vector<WorkerLoad>& sum);
+// Adds one worker's load into `sum` (by worker URL).
+void add_load(const WorkerLoad& load, std::vector<WorkerLoad>& sum);
+// The first line of a published load: "#", then how many routed records of the sender it covers. load_seq()
+// reads it back (0 without one); add_load() skips it.
+std::string pack_load_seq(std::uint64_t seq);
+std::uint64_t load_seq(std::string_view text);
+// One request's load on a routed record: pending prefill tokens and seconds (in flight 1).
+std::string pack_share(const policy::LoadShare& l);
+std::optional<policy::LoadShare> unpack_share(std::string_view text);
+// A non-negative decimal number.
+std::optional<std::uint64_t> parse_count(std::string_view s);
 
 std::string pack_rates(const policy::WorkerRates& r);
 std::optional<policy::WorkerRates> unpack_rates(std::string_view text);

@@ -56,6 +56,28 @@ TEST(SharedStateWire, LoadsAreSummedPerWorker) {
   EXPECT_EQ(sum[1].in_flight, 1u);
 }
 
+TEST(SharedStateWire, PublishedLoadSaysWhichRoutedRecordsItCovers) {
+  const std::string text = wire::pack_load_seq(42) + wire::pack_load({{"http://a:1", 2, 100, 0.5, 0.3, 40}});
+  EXPECT_EQ(wire::load_seq(text), 42u);
+  EXPECT_EQ(wire::load_seq(wire::pack_load({{"http://a:1", 2, 100, 0.5, 0.3, 40}})), 0u);  // none: covers nothing
+  std::vector<WorkerLoad> sum;
+  wire::add_load(text, sum);  // the count line is not a worker's
+  ASSERT_EQ(sum.size(), 1u);
+  EXPECT_EQ(sum[0].in_flight, 2u);
+  // A routed record's share: one request, its pending prefill.
+  const auto share = wire::unpack_share(wire::pack_share(policy::LoadShare{1, 4096, 0, 0.25, 0}));
+  ASSERT_TRUE(share);
+  EXPECT_EQ(share->in_flight, 1u);
+  EXPECT_EQ(share->pending_prefill_tokens, 4096u);
+  EXPECT_DOUBLE_EQ(share->pending_prefill_s, 0.25);
+  EXPECT_FALSE(wire::unpack_share("12"));
+  EXPECT_FALSE(wire::unpack_share("x\t1"));
+  EXPECT_FALSE(wire::unpack_share("1\tnan"));
+  EXPECT_EQ(wire::parse_count("17"), 17u);
+  EXPECT_FALSE(wire::parse_count("-1"));
+  EXPECT_FALSE(wire::parse_count(""));
+}
+
 TEST(SharedStateWire, RatesAndAttributesRoundTrip) {
   policy::WorkerRates r;
   r.prefill_tokens_per_s = 12345.5;

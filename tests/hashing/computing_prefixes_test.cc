@@ -32,6 +32,26 @@ TEST(ComputingPrefixes, FindsTheEarliestRequestComputingABlockUntilItsFirstToken
   EXPECT_EQ(c.size(2), 0u);
 }
 
+TEST(ComputingPrefixes, AnotherReplicasRequestComputesUntilTheWorkerStoresItsLastBlock) {
+  ComputingPrefixes c;
+  const std::vector<BlockHash> a{21, 22, 23};
+  // Another router replica sent a to worker 1 at t = 10 s; it computes blocks 1..2 there.
+  const auto ta = c.begin_elsewhere(1, a, 1, 10.0);
+  ASSERT_NE(ta, 0u);
+  EXPECT_EQ(c.computing(1, 2, 23), ta);
+  c.stored(1, std::vector<BlockHash>{22}, 10.2);  // not its last block yet
+  EXPECT_TRUE(c.active(1, ta));
+  c.stored(1, std::vector<BlockHash>{23}, 10.3);  // computed: this replica never sees its first token
+  EXPECT_FALSE(c.active(1, ta));
+  EXPECT_FALSE(c.computing(1, 2, 23));
+  // One whose store event never comes goes once it is older than kElsewhereTtl.
+  const auto tb = c.begin_elsewhere(1, a, 1, 20.0);
+  EXPECT_TRUE(c.active(1, tb));
+  c.begin_elsewhere(1, std::vector<BlockHash>{31, 32}, 0, 20.0 + ComputingPrefixes::kElsewhereTtl + 1);
+  EXPECT_FALSE(c.active(1, tb));
+  EXPECT_EQ(c.size(1), 1u);
+}
+
 TEST(ComputingPrefixes, TwoRequestsComputingTheSameBlockAnswerTheFirst) {
   ComputingPrefixes c;
   const std::vector<BlockHash> chain{1, 2, 3};
