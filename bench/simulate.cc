@@ -705,7 +705,8 @@ class FleetSim {
     f.arrival = t;
     const std::uint64_t predicted_cached = uses_match_ ? ctx.matched_tokens(wi) : 0;
     f.predicted_uncached = r.prompt_tokens - std::min<std::uint64_t>(r.prompt_tokens, predicted_cached);
-    f.queue_est = static_cast<double>(l.pending_prefill) / std::max(views_[wi].prefill_tokens_per_s, 1.0);
+    // As the daemon's Decision::queue_s: the pending prefill of the view the pick saw (the others' included).
+    f.queue_est = static_cast<double>(views_[wi].pending_prefill_tokens) / std::max(views_[wi].prefill_tokens_per_s, 1.0);
     f.estimate = pick ? pick->estimate_s : 0.0;
     f.itl_estimate = pick ? pick->itl_estimate_s : 0.0;
     f.pending_at_dispatch = views_[wi].pending_prefill_tokens;

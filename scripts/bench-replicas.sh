@@ -44,7 +44,7 @@ run_cell() {  # name source scale mode replicas sharing
   [[ -s "$out" ]] && return 0
   # shellcheck disable=SC2086
   nice -n 10 "$BENCH" simulate $2 --policies kv_cost --mode "$4" --replicas "$5" --sharing "$6" \
-    --rate-scale "$3" --workers 8 --seed 1 --threads 1 --no-progress --json "$out.tmp" >/dev/null
+    --rate-scale "$3" --workers 8 --seed 1 --threads 1 --no-progress --json "$out.tmp" >/dev/null 2>"$out.log"
   mv "$out.tmp" "$out"
   echo "  $1 $4 x$5 $6" >&2
 }
