@@ -1,9 +1,13 @@
 // End-to-end tests of router replicas sharing state through Redis (--shared-state): a real redis-server on
 // loopback, several kvroute processes in front of the same kvroute-sim workers, requests spread round-robin over
 // the replicas, against one replica alone on the same workload.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <mutex>
@@ -57,10 +61,94 @@ class Redis {
     return {calls, field("total_net_input_bytes") + field("total_net_output_bytes")};
   }
   std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+  // CPU seconds redis-server has used (INFO cpu: used_cpu_sys + used_cpu_user).
+  double cpu_seconds() const {
+    const std::string info = command("INFO cpu");
+    auto field = [&](const std::string& name) {
+      const auto pos = info.find(name + ":");
+      return pos == std::string::npos ? 0.0 : std::stod(info.substr(pos + name.size() + 1));
+    };
+    return field("used_cpu_sys") + field("used_cpu_user");
+  }
 
  private:
   int port_;
   Process proc_;
+};
+
+// A TCP proxy in front of `upstream` on loopback that passes what the server answers `delay` late (what the
+// client sends goes through at once): a Redis that answers 5 ms late.
+class DelayingProxy {
+ public:
+  DelayingProxy(int upstream, std::chrono::milliseconds delay) : upstream_(upstream), delay_(delay) {
+    listen_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    const int one = 1;
+    ::setsockopt(listen_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    port_ = free_port();
+    a.sin_port = htons(static_cast<std::uint16_t>(port_));
+    if (::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_, 64) != 0) port_ = -1;
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~DelayingProxy() {
+    stop_ = true;
+    ::shutdown(listen_, SHUT_RDWR);
+    ::close(listen_);
+    acceptor_.join();
+    std::lock_guard lock(mu_);
+    for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+    for (auto& t : relays_) t.join();
+    for (int fd : fds_) ::close(fd);
+  }
+  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  void accept_loop() {
+    while (!stop_) {
+      const int c = ::accept(listen_, nullptr, nullptr);
+      if (c < 0) return;
+      const int u = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<std::uint16_t>(upstream_));
+      if (::connect(u, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        ::close(c);
+        ::close(u);
+        continue;
+      }
+      std::lock_guard lock(mu_);
+      fds_.insert(fds_.end(), {c, u});
+      relays_.emplace_back([this, c, u] { relay(c, u, std::chrono::milliseconds(0)); });
+      relays_.emplace_back([this, c, u] { relay(u, c, delay_); });
+    }
+  }
+  // Copies from `from` to `to`, each chunk `delay` after it was read.
+  void relay(int from, int to, std::chrono::milliseconds delay) {
+    char buf[65536];
+    while (!stop_) {
+      const ssize_t n = ::read(from, buf, sizeof buf);
+      if (n <= 0) break;
+      if (delay.count() > 0) std::this_thread::sleep_for(delay);
+      for (ssize_t off = 0; off < n;) {
+        const ssize_t w = ::write(to, buf + off, static_cast<std::size_t>(n - off));
+        if (w <= 0) return;
+        off += w;
+      }
+    }
+    ::shutdown(to, SHUT_WR);
+  }
+
+  int upstream_, port_ = -1, listen_ = -1;
+  std::chrono::milliseconds delay_;
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<int> fds_;
+  std::vector<std::thread> relays_;
 };
 
 double metric(int port, const std::string& name) {
@@ -79,7 +167,9 @@ double metric(int port, const std::string& name) {
 // 4 kvroute-sim workers (one process) and `replicas` kvroute processes sharing `redis` (none: a replica alone).
 class Replicas {
  public:
-  Replicas(int replicas, const Redis* redis, int gpu_blocks = 4096) : redis_(redis) {
+  // `redis_url`, when given, is what the replicas connect to instead of redis->url() (a proxy in front of it).
+  Replicas(int replicas, const Redis* redis, int gpu_blocks = 4096, std::string redis_url = "")
+      : redis_(redis), redis_url_(std::move(redis_url)) {
     sim_ = free_ports(kWorkers);
     sim_proc_ = Process::start({bin("kvroute-sim"), "--port", std::to_string(sim_), "--workers", std::to_string(kWorkers),
                                 "--speed", "20", "--num-gpu-blocks", std::to_string(gpu_blocks)},
@@ -102,7 +192,10 @@ class Replicas {
                                   "--admin-listen", "127.0.0.1:" + std::to_string(admin_[i]), "--threads", "1",
                                   "--health-interval", "0.2", "--healthy-threshold", "1"};
     for (int w = 0; w < kWorkers; ++w) argv.insert(argv.end(), {"--worker", worker_url(w)});
-    if (redis_) argv.insert(argv.end(), {"--shared-state", redis_->url(), "--shared-state-prefix", "e2e"});
+    if (redis_) {
+      argv.insert(argv.end(), {"--shared-state", redis_url_.empty() ? redis_->url() : redis_url_,
+                               "--shared-state-prefix", "e2e" + std::to_string(sim_)});
+    }
     procs_[i] = Process::start(argv, log(i));
     EXPECT_TRUE(wait_http(api_[i], "/ready", 15s)) << "replica " << i;
   }
@@ -146,6 +239,7 @@ class Replicas {
 
  private:
   const Redis* redis_;
+  std::string redis_url_;
   int sim_ = 0;
   Process sim_proc_;
   std::vector<int> api_, admin_;
@@ -394,6 +488,61 @@ TEST(ReplicasE2E, RedisKilledMidRunFailsNoRequest) {
     EXPECT_NE(log.find("is down"), std::string::npos) << "replica " << i;
     EXPECT_NE(log.find("is up: sharing"), std::string::npos) << "replica " << i;
   }
+}
+
+// Redis answering 5 ms late (a proxy in front of it) changes nothing a client sees: nothing on the request path
+// waits for it. The same requests go alternately to two fleets of 3 replicas, one sharing through Redis
+// directly, one through the slow proxy, so that both see the same machine. Also measured for the operations
+// guide: Redis's CPU per 1,000 routed requests/s.
+TEST(ReplicasE2E, RedisAnsweringLateDoesNotSlowClients) {
+  if (!redis_available()) GTEST_SKIP() << "redis-server is not installed";
+  Redis redis;
+  DelayingProxy slow(redis.port(), 5ms);
+  Replicas direct(3, &redis, kTenantBlocks);
+  Replicas late(3, &redis, kTenantBlocks, slow.url());
+  std::vector<double> fast_s, slow_s;
+  const double cpu0 = redis.cpu_seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::mutex mu;
+  std::atomic<int> next{0}, failed{0};
+  std::vector<std::thread> clients;
+  constexpr int kRequests = 600;
+  for (int c = 0; c < 4; ++c) {
+    clients.emplace_back([&] {
+      for (int i = next++; i < kRequests; i = next++) {
+        const std::string prompt = tenant_request(i).first;
+        for (int f = 0; f < 2; ++f) {
+          const Replicas& fleet = (i + f) % 2 ? late : direct;
+          const auto s = std::chrono::steady_clock::now();
+          if (send(fleet.api(i % 3), prompt).status != 200) ++failed;
+          const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+          std::lock_guard lock(mu);
+          (&fleet == &late ? slow_s : fast_s).push_back(took);
+        }
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu = redis.cpu_seconds() - cpu0;
+  auto mean = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+  };
+  auto p90 = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() * 9 / 10];
+  };
+  const double rate = 2.0 * kRequests / wall;  // routed requests/s through the one Redis (both fleets)
+  std::printf("client latency, Redis direct: mean %.4f s p90 %.4f s; Redis 5 ms late: mean %.4f s p90 %.4f s "
+              "(%.3fx, %.3fx)\n",
+              mean(fast_s), p90(fast_s), mean(slow_s), p90(slow_s), mean(slow_s) / mean(fast_s), p90(slow_s) / p90(fast_s));
+  std::printf("redis-server: %.3f CPU s over %.1f s at %.0f routed requests/s: %.3f CPU cores per 1,000 requests/s\n",
+              cpu, wall, rate, cpu / wall / (rate / 1000.0));
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_LE(mean(slow_s), 1.10 * mean(fast_s));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(metric(late.admin(i), "kvroute_shared_state_up"), 1) << i;
 }
 
 TEST(ReplicasE2E, NewReplicaStartsWarm) {
