@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -61,8 +62,8 @@ void UpstreamPool::acquire(const Worker& worker, Handler handler, bool fresh_onl
   const WorkerId id = worker.id();
   const std::uint64_t serial = worker.serial();
   if (!fresh_only) {
-    std::unique_lock lock(mu_);
-    auto& idle = idle_[id];
+    std::unique_lock lock(state_->mu);
+    auto& idle = state_->idle[id];
     const auto now = std::chrono::steady_clock::now();
     while (!idle.empty()) {
       Idle conn = std::move(idle.back());
@@ -76,6 +77,9 @@ void UpstreamPool::acquire(const Worker& worker, Handler handler, bool fresh_onl
       // retried once on a fresh connection by the caller. The check is one system call per request.
       if (idle_for > kUncheckedIdle && !looks_alive(*conn.stream)) continue;
       lock.unlock();
+      // Ends the idle wait (no system call: the reactor drops the operation); its handler sees it aborted.
+      beast::error_code ignored;
+      conn.stream->socket().cancel(ignored);
       handler({}, Lease{id, serial, std::move(conn.stream), true});
       return;
     }
@@ -101,21 +105,55 @@ void UpstreamPool::release(Lease lease, bool reusable) {
     return;
   }
   lease.stream->expires_never();
-  std::lock_guard lock(mu_);
-  auto& idle = idle_[lease.worker];
-  if (idle.size() >= options_.max_idle_per_worker) return;  // the stream closes as it goes out of scope
-  idle.push_back(Idle{lease.serial, std::move(lease.stream), std::chrono::steady_clock::now()});
+  const beast::tcp_stream* raw = lease.stream.get();
+  {
+    std::lock_guard lock(state_->mu);
+    auto& idle = state_->idle[lease.worker];
+    if (idle.size() >= options_.max_idle_per_worker) return;  // the stream closes as it goes out of scope
+    idle.push_back(Idle{lease.serial, lease.stream, std::chrono::steady_clock::now()});
+  }
+  // An idle HTTP/1.1 connection has nothing to read: readable means the worker closed it (or misbehaves).
+  // The socket's descriptor is registered with the reactor already, so arming the wait makes no system call.
+  lease.stream->socket().async_wait(
+      tcp::socket::wait_read, [state = std::weak_ptr<State>(state_), worker = lease.worker, raw](beast::error_code ec) {
+        if (!ec) reap(state, worker, raw);
+      });
+}
+
+void UpstreamPool::reap(const std::weak_ptr<State>& weak, WorkerId worker, const beast::tcp_stream* stream) {
+  const auto state = weak.lock();
+  if (!state) return;
+  std::shared_ptr<beast::tcp_stream> dead;
+  {
+    std::lock_guard lock(state->mu);
+    auto it = state->idle.find(worker);
+    if (it == state->idle.end()) return;
+    auto& idle = it->second;
+    auto at = std::find_if(idle.begin(), idle.end(), [stream](const Idle& c) { return c.stream.get() == stream; });
+    if (at == idle.end()) return;  // handed out meanwhile: its exchange reads what came
+    dead = std::move(at->stream);
+    idle.erase(at);
+    ++state->reaped;
+  }
+  beast::error_code ignored;
+  dead->socket().shutdown(tcp::socket::shutdown_both, ignored);
+  dead->socket().close(ignored);
 }
 
 void UpstreamPool::drop(WorkerId worker) {
-  std::lock_guard lock(mu_);
-  idle_.erase(worker);
+  std::lock_guard lock(state_->mu);
+  state_->idle.erase(worker);
 }
 
 std::size_t UpstreamPool::idle_count(WorkerId worker) const {
-  std::lock_guard lock(mu_);
-  auto it = idle_.find(worker);
-  return it == idle_.end() ? 0 : it->second.size();
+  std::lock_guard lock(state_->mu);
+  auto it = state_->idle.find(worker);
+  return it == state_->idle.end() ? 0 : it->second.size();
+}
+
+std::uint64_t UpstreamPool::reaped() const {
+  std::lock_guard lock(state_->mu);
+  return state_->reaped;
 }
 
 namespace {

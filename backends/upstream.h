@@ -4,6 +4,9 @@
 // The pool hands out connected beast::tcp_streams built on the io_context's executor (not a strand), so any
 // session may reuse any idle connection; callers bind their own strand to the handlers of operations they
 // start on it. A connection goes back to the pool only after a complete response that allows keep-alive.
+// While it idles there, a wait for readability is armed on it: a worker that closes an idle keep-alive
+// connection (uvicorn does after 5 s) makes it readable (EOF), and the pool closes its end at once, so no
+// socket sits in CLOSE-WAIT until the next request would have found it dead.
 //
 //   pool.acquire(*worker, bind_executor(strand, [](beast::error_code ec, UpstreamPool::Lease lease) {...}));
 //   ... write request, read response ...
@@ -59,6 +62,8 @@ class UpstreamPool {
   void drop(WorkerId worker);
 
   std::size_t idle_count(WorkerId worker) const;
+  // Idle connections closed because their worker closed them (its end readable while pooled).
+  std::uint64_t reaped() const;
 
  private:
   struct Idle {
@@ -66,11 +71,19 @@ class UpstreamPool {
     std::shared_ptr<beast::tcp_stream> stream;
     std::chrono::steady_clock::time_point since;
   };
+  // Shared with the idle connections' pending waits, which may complete after the pool is gone.
+  struct State {
+    mutable std::mutex mu;
+    std::unordered_map<WorkerId, std::vector<Idle>> idle;  // guarded by mu
+    std::uint64_t reaped = 0;                              // guarded by mu
+  };
+  // Closes the idle connection `stream` of `worker` if it is still pooled (its worker closed it, or sent
+  // bytes no request asked for).
+  static void reap(const std::weak_ptr<State>& state, WorkerId worker, const beast::tcp_stream* stream);
 
   asio::any_io_executor ex_;
   Options options_;
-  mutable std::mutex mu_;
-  std::unordered_map<WorkerId, std::vector<Idle>> idle_;  // guarded by mu_
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 // The Error::code of a control request (http_get) that failed with net::local_resource_error.

@@ -123,7 +123,7 @@ bool Worker::serves(std::string_view model) const {
 policy::WorkerView Worker::view(std::chrono::steady_clock::time_point now) const {
   policy::WorkerView v;
   v.id = id_;
-  v.healthy = healthy();
+  v.healthy = healthy() && !ejected(now);  // an ejected worker takes no new request (outlier_detector.h)
   v.in_flight = in_flight();
   v.pending_prefill_tokens = pending_prefill_.load(std::memory_order_relaxed);
   v.active_decode_tokens = active_decode_.load(std::memory_order_relaxed);

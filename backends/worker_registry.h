@@ -101,8 +101,24 @@ class Worker {
   bool cordoned() const { return cordoned_.load(std::memory_order_relaxed); }
   // A change is told to the registry's listeners (Listener::cordon_changed) with who made it.
   void set_cordoned(bool c, Origin by = Origin::kOperator);
-  // Healthy and not cordoned: it may be given a new request.
-  bool routable() const { return healthy() && !cordoned(); }
+  // Healthy, not cordoned and not ejected: it may be given a new request.
+  bool routable() const { return healthy() && !cordoned() && !ejected(); }
+
+  // Passive outlier detection (backends/outlier_detector.h): a worker whose requests kept failing is ejected
+  // until a point on the steady clock, independently of its health checks (a worker can pass /health and still
+  // fail every request). Written by the OutlierDetector; read lock-free by routing.
+  bool ejected(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) const {
+    return ejected_until_ns_.load(std::memory_order_relaxed) > now.time_since_epoch().count();
+  }
+  // When its ejection ends (the epoch when it was never ejected).
+  std::chrono::steady_clock::time_point ejected_until() const {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(ejected_until_ns_.load(std::memory_order_relaxed)));
+  }
+  // Ejections so far (the admin API's "ejections").
+  std::uint32_t ejections() const { return ejections_.load(std::memory_order_relaxed); }
+  // Failed requests in a row since its last success or ejection.
+  std::uint32_t consecutive_failures() const { return consecutive_failures_.load(std::memory_order_relaxed); }
 
   // Precise mode: the worker's KV event stream is live, so the index holds what it reports and the router
   // records no predictions for it. Approximate mode otherwise.
@@ -144,6 +160,7 @@ class Worker {
   void publish_prefill_queue();  // with prefill_mu_ held
 
   friend class WorkerRegistry;
+  friend class OutlierDetector;
   const WorkerId id_;
   const std::uint64_t serial_;
   const WorkerEndpoint endpoint_;
@@ -154,6 +171,12 @@ class Worker {
   std::atomic<bool> healthy_{true};
   std::atomic<bool> precise_{false};
   std::atomic<bool> cordoned_{false};
+  // Outlier detection state, written by OutlierDetector (ejections under its lock).
+  std::atomic<std::chrono::steady_clock::rep> ejected_until_ns_{0};
+  std::atomic<std::uint32_t> ejections_{0};
+  std::atomic<std::uint32_t> consecutive_failures_{0};
+  std::uint32_t ejection_multiplier_ = 0;         // guarded by OutlierDetector's lock
+  std::chrono::steady_clock::time_point multiplier_at_{};  // ... when it was last brought up to date
   std::atomic<std::uint32_t> in_flight_{0};
   std::atomic<std::uint64_t> pending_prefill_{0};
   std::atomic<std::uint64_t> active_decode_{0};

@@ -85,6 +85,19 @@ Result<bool> App::start() {
     if (auto ok = sync_->start(); !ok) return ok.error();
   }
   tokenize_cache_ = std::make_unique<TokenizeCache>(config_.tokenize_cache_entries);
+  backends::OutlierDetector::Options outlier_opts;
+  outlier_opts.consecutive_failures = config_.outlier_failures;
+  outlier_opts.base_ejection = ms(config_.outlier_ejection_s);
+  outlier_opts.max_ejection_percent = config_.outlier_max_ejection_percent;
+  outliers_ = std::make_unique<backends::OutlierDetector>(
+      registry_, outlier_opts, [this](const backends::Worker& w, std::chrono::steady_clock::duration lasts) {
+        LOG_WARN("worker " << w.name() << " failed " << config_.outlier_failures << " requests in a row; ejected from "
+                           << "rotation for " << std::chrono::duration_cast<std::chrono::seconds>(lasts).count()
+                           << " s (ejection " << w.ejections() << ")");
+        metrics_.ejected();
+      });
+  retry_budget_ = std::make_unique<RetryBudget>(
+      RetryBudget::Options{config_.max_retries, config_.retry_budget_percent, RetryBudget::Options{}.min_concurrency});
   auto bodies = std::make_shared<BodyBudget>(config_.max_held_body_bytes);
   for (const auto& pool : pools_) {
     services_.push_back(std::make_unique<Services>(Services{config_, registry_, *router_, *pool, metrics_, *tokenize_cache_,
@@ -100,7 +113,7 @@ Result<bool> App::start() {
                                                               if (health_) return health_->refresh_models(id, std::move(done));
                                                               if (done) done();
                                                             },
-                                                            admission_, api_keys}));
+                                                            admission_, api_keys, outliers_.get(), retry_budget_.get()}));
   }
 
   if (auto ok = open_listeners(); !ok) return ok;
@@ -320,6 +333,10 @@ void App::collect_metrics() {
     capacity += router_->index().capacity(w->id());
   }
   metrics_.set_workers(workers->size(), healthy, routable);
+  if (outliers_) metrics_.set_ejected(outliers_->ejected_count());
+  std::uint64_t reaped = 0;
+  for (const auto& pool : pools_) reaped += pool->reaped();
+  metrics_.set_pool_reaped(reaped);
   metrics_.set_shared_cache(capacity, router_->cache_pools().sample_rate());
   if (admission_) metrics_.set_admission(admission_->in_flight(), admission_->queued());
   const auto now = std::chrono::system_clock::now();

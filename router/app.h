@@ -75,6 +75,8 @@ class App {
   RouterMetrics metrics_;
   std::unique_ptr<Router> router_;
   std::vector<std::unique_ptr<backends::UpstreamPool>> pools_;  // one per context
+  std::unique_ptr<backends::OutlierDetector> outliers_;
+  std::unique_ptr<RetryBudget> retry_budget_;
   std::unique_ptr<TokenizeCache> tokenize_cache_;
   std::vector<std::shared_ptr<DrainState>> drains_;  // one per context (no counter shared between threads)
   std::vector<std::unique_ptr<Services>> services_;             // one per context

@@ -219,6 +219,19 @@ const std::vector<Option>& options() {
        "deadline of one upstream exchange, streaming included; unanswered by then: 504 (default 600)",
        DOUBLE_OPT(request_timeout_s, 0.001, 86400)},
       {"connect-timeout", "SECONDS", "deadline to connect to a worker (default 2)", DOUBLE_OPT(connect_timeout_s, 0.001, 600)},
+      {"first-byte-timeout", "SECONDS",
+       "a streamed request whose worker sent no response head by then goes to another worker, or gets 504 (default 60)",
+       DOUBLE_OPT(first_byte_timeout_s, 0.001, 86400)},
+      {"max-retries", "N", "retries of one request on other workers after a refused or reset connection, a 502, 503 "
+       "or 504, or a first-byte timeout, before any byte reached the client (default 2)", INT_OPT(int, max_retries, 0, 10)},
+      {"retry-budget-percent", "P", "retries under way at most P % of the requests in flight, at least 3 (default 20)",
+       DOUBLE_OPT(retry_budget_percent, 0, 100)},
+      {"outlier-failures", "N", "consecutive failures that eject a worker from rotation (default 5; 0: never)",
+       INT_OPT(std::uint32_t, outlier_failures, 0, 1000)},
+      {"outlier-ejection", "SECONDS", "first ejection's length; the n-th in a row lasts n times it, at most 300 s or "
+       "this (default 30)", DOUBLE_OPT(outlier_ejection_s, 0.001, 86400)},
+      {"outlier-max-ejection-percent", "P", "most workers ejected at once, in % of the fleet (one always may, never "
+       "the last routable one) (default 50)", DOUBLE_OPT(outlier_max_ejection_percent, 0, 100)},
       {"client-idle-timeout", "SECONDS", "close an idle client connection after this long (default 60)",
        DOUBLE_OPT(client_idle_timeout_s, 0.001, 86400)},
       {"header-read-timeout", "SECONDS",

@@ -62,6 +62,18 @@ struct Config {
   std::uint64_t max_body_bytes = 8ull << 20;
   double request_timeout_s = 600;   // whole upstream exchange
   double connect_timeout_s = 2;
+  // A streamed request whose worker has not sent its response head by then is given up on that worker (and
+  // retried elsewhere, or answered 504). vLLM and SGLang send a stream's head once the request is admitted,
+  // before its prefill, so a minute allows for a long queue and tokenization of the longest prompts while a
+  // hung worker costs a client a minute, not --request-timeout.
+  double first_byte_timeout_s = 60;
+  // Failover (docs/reliability.md, "Failures"): retries on another worker (router/retry_budget.h) and passive
+  // outlier detection (backends/outlier_detector.h), with Envoy's defaults except where noted there.
+  int max_retries = 2;
+  double retry_budget_percent = 20;
+  std::uint32_t outlier_failures = 5;     // 0: no ejections
+  double outlier_ejection_s = 30;
+  double outlier_max_ejection_percent = 50;
   double client_idle_timeout_s = 60;
   // A request head begun must be complete within this (else 408), as must a TLS handshake. 10 s: a head is a
   // few hundred bytes, sent at once by every real client; nginx allows 60 s (client_header_timeout), Envoy has

@@ -1,5 +1,7 @@
 #include "router/exchange.h"
 #include "router/http_hygiene.h"
+#include "net/resource_errors.h"
+#include "router/request.h"
 
 #include <cstdio>
 
@@ -19,6 +21,8 @@ namespace {
 // call (the reactor re-arms the socket), a seventh of all a short relayed request makes; a client that leaves
 // sooner is noticed that much later, or when its response is written.
 constexpr auto kWatchClientAfter = std::chrono::milliseconds(200);
+// The error code of a response cut after its first byte: in the stream's error event and the access log.
+constexpr const char* kStreamCut = "stream_interrupted";
 }  // namespace
 
 Exchange::Exchange(ClientSession& client, Services& svc, RelayObserver& observer, ExchangeEvents& events)
@@ -27,7 +31,8 @@ Exchange::Exchange(ClientSession& client, Services& svc, RelayObserver& observer
       observer_(observer),
       events_(events),
       deadline_(client.executor(), [this] { on_deadline(); }),
-      watch_(client.executor(), [this] { on_watch_due(); }) {}
+      watch_(client.executor(), [this] { on_watch_due(); }),
+      first_byte_(client.executor(), [this] { on_first_byte_due(); }) {}
 
 void Exchange::start(std::shared_ptr<backends::Worker> worker, std::string_view body) {
   worker_ = std::move(worker);
@@ -72,7 +77,10 @@ void Exchange::acquire(bool fresh_only) {
 }
 
 void Exchange::on_connect(beast::error_code ec, backends::UpstreamPool::Lease lease) {
-  if (ec) return events_.on_connect_failed(ec);
+  if (ec) {
+    if (!net::local_resource_error(ec)) outlier(false);  // out of descriptors here, no worker is to blame
+    return events_.on_connect_failed(ec);
+  }
   lease_ = std::move(lease);
   // The exchange runs on the plain sockets (tcp_stream arms its timer on every operation): --request-timeout
   // holds for the whole exchange, from here to the end of the relayed body.
@@ -80,6 +88,10 @@ void Exchange::on_connect(beast::error_code ec, backends::UpstreamPool::Lease le
   const auto now = std::chrono::steady_clock::now();
   deadline_.set(now + seconds(svc_.config.request_timeout_s), client_.weak_from_this());
   watch_.set(now + kWatchClientAfter, client_.weak_from_this());
+  // A stream's head comes before its first token (vLLM, SGLang), so its wait is bounded well below the whole
+  // exchange's; a whole (unstreamed) answer comes only after the last token, and has --request-timeout alone.
+  first_byte_armed_ = observer_.streamed();
+  if (first_byte_armed_) first_byte_.set(now + seconds(svc_.config.first_byte_timeout_s), client_.weak_from_this());
   Pieces out;
   out.add(up_head_.data(), up_head_.size());
   out.add(up_body_view_.data(), up_body_view_.size());
@@ -94,7 +106,7 @@ void Exchange::on_connect(beast::error_code ec, backends::UpstreamPool::Lease le
 // queued.
 void Exchange::on_request_written(beast::error_code ec, std::size_t) {
   if (!lease_.stream) return;
-  if (ec) return failed("sending to worker " + worker_->name() + ": " + ec.message(), lease_.reused);
+  if (ec) return failed({FailedAt::kBeforeFirstByte, "sending to worker " + worker_->name() + ": " + ec.message()}, lease_.reused);
   up_buffer_.clear();
   new_parser();
   read_head();
@@ -114,7 +126,7 @@ void Exchange::read_head() {
     up_buffer_.consume(n);
     if (ec == http::error::need_more) ec = {};
   }
-  if (ec) return failed("reading from worker " + worker_->name() + ": " + ec.message(), false);
+  if (ec) return failed({FailedAt::kBeforeFirstByte, "reading from worker " + worker_->name() + ": " + ec.message()}, false);
   if (up_parser_->is_header_done()) {
     // An interim response (100 Continue, 103 Early Hints) precedes the real one: skip it.
     const unsigned status = up_parser_->get().result_int();
@@ -131,18 +143,27 @@ void Exchange::on_head_bytes(beast::error_code ec, std::size_t n) {
   if (!lease_.stream) return;
   up_buffer_.commit(n);
   // A reused keep-alive connection the worker closed while idle ends at once: retried once, fresh.
-  if (ec) return failed("reading from worker " + worker_->name() + ": " + ec.message(), lease_.reused);
+  if (ec) return failed({FailedAt::kBeforeFirstByte, "reading from worker " + worker_->name() + ": " + ec.message()}, lease_.reused);
   read_head();
 }
 
 void Exchange::on_head() {
   awaiting_head_ = false;
   auto& up = up_parser_->get();
-  client_.set_status(up.result_int());
+  const unsigned status = up.result_int();
   // A 4xx is the client's request refused (kind worker_rejected), never an upstream error.
-  if (!worker_->removed()) svc_.metrics.upstream_status(worker_->id(), up.result_int());
-  const bool event_stream = up[http::field::content_type].find("text/event-stream") != std::string_view::npos;
-  const bool rewritten = observer_.on_head(up.result_int(), event_stream, *worker_, client_.request_id());
+  if (!worker_->removed()) svc_.metrics.upstream_status(worker_->id(), status);
+  outlier(status < 500);
+  // A worker that cannot serve the request now (502, 503, 504): nothing has reached the client, so another
+  // worker may serve it. The connection closes (its body is not read).
+  if ((status == 502 || status == 503 || status == 504) && events_.may_retry()) {
+    return failed({FailedAt::kBeforeFirstByte, "worker " + worker_->name() + " answered " + std::to_string(status),
+                   status, "worker_unavailable", true, RouterMetrics::RetryKind::kStatus},
+                  false, /*worker_fault=*/true, /*counted=*/true);
+  }
+  client_.set_status(status);
+  event_stream_ = up[http::field::content_type].find("text/event-stream") != std::string_view::npos;
+  const bool rewritten = observer_.on_head(status, event_stream_, *worker_, client_.request_id());
   down_chunked_ = build_response_head(rewritten);
   head_pending_ = true;
   down_last_ = false;
@@ -152,7 +173,7 @@ void Exchange::on_head() {
   if (up_buffer_.size() > 0 || up_parser_->is_done()) {
     beast::error_code perr;
     const std::size_t got = parse_buffered(perr);
-    if (perr) return failed("reading from worker " + worker_->name() + ": " + perr.message(), false);
+    if (perr) return failed({FailedAt::kBeforeFirstByte, "reading from worker " + worker_->name() + ": " + perr.message()}, false);
     if (got > 0 || up_parser_->is_done()) return relay_piece(got, up_parser_->is_done());
   }
   write_down(nullptr, 0, false);
@@ -278,12 +299,14 @@ void Exchange::write_down(const char* data, std::size_t size, bool last) {
     out.add(data, size);
   }
   down_last_ = last;
+  down_writing_ = true;
   asio::async_write(client_.socket(), out, [this, keep = client_.keep()](beast::error_code ec, std::size_t n) {
     on_down_written(ec, n);
   });
 }
 
 void Exchange::on_down_written(beast::error_code ec, std::size_t) {
+  down_writing_ = false;
   if (!lease_.stream) return;
   if (ec) return events_.on_client_write_failed();
   if (!down_last_) return read_body();
@@ -297,11 +320,25 @@ void Exchange::on_deadline() {
   if (!lease_.stream) return;  // no exchange under way
   close_upstream();
   if (awaiting_head_) {
-    return failed("worker " + worker_->name() + " did not answer within --request-timeout (" +
-                      fmt_seconds(svc_.config.request_timeout_s) + ")",
-                  false, 504, "worker_timeout");
+    return failed({FailedAt::kBeforeFirstByte,
+                   "worker " + worker_->name() + " did not answer within --request-timeout (" +
+                       fmt_seconds(svc_.config.request_timeout_s) + ")",
+                   504, "worker_timeout"},
+                  false);
   }
   broke_off(beast::error::timeout);
+}
+
+// A streamed request's worker has sent no head within --first-byte-timeout: a failure of the worker's (a hung
+// engine passes its health checks), which another worker may make up for.
+void Exchange::on_first_byte_due() {
+  if (!lease_.stream || !awaiting_head_ || !first_byte_armed_) return;
+  close_upstream();
+  failed({FailedAt::kBeforeFirstByte,
+          "worker " + worker_->name() + " sent no response head within --first-byte-timeout (" +
+              fmt_seconds(svc_.config.first_byte_timeout_s) + ")",
+          504, "worker_timeout", true, RouterMetrics::RetryKind::kFirstByteTimeout},
+         false);
 }
 
 // The exchange under way has run kWatchClientAfter: its client is watched from now on.
@@ -310,14 +347,21 @@ void Exchange::on_watch_due() {
 }
 
 void Exchange::fail(std::string why, unsigned status, const char* code) {
-  failed(std::move(why), false, status, code, /*worker_fault=*/false);
+  failed({FailedAt::kBeforeFirstByte, std::move(why), status, code}, false, /*worker_fault=*/false);
+}
+
+void Exchange::outlier(bool ok) {
+  if (!svc_.outliers || worker_->removed()) return;
+  if (ok) return svc_.outliers->success(*worker_);
+  svc_.outliers->failure(*worker_);
 }
 
 void Exchange::count_failure(RouterMetrics::WorkerFailure failure) {
   if (!worker_->removed()) svc_.metrics.worker_failure(worker_->id(), failure);
 }
 
-void Exchange::failed(std::string why, bool retry_fresh, unsigned status, const char* code, bool worker_fault) {
+void Exchange::failed(ExchangeFailure failure, bool retry_fresh, bool worker_fault, bool counted) {
+  awaiting_head_ = false;
   if (lease_.stream) {
     svc_.pool.release(std::move(lease_), false);
     lease_ = {};
@@ -329,18 +373,59 @@ void Exchange::failed(std::string why, bool retry_fresh, unsigned status, const 
     return acquire(true);
   }
   retried_ = false;
-  if (worker_fault) count_failure(RouterMetrics::WorkerFailure::kBroken);
-  events_.on_exchange_failed(ExchangeFailure{FailedAt::kBeforeFirstByte, std::move(why), status, code});
+  retry_ticket_.reset();
+  if (worker_fault) {
+    if (!counted) {
+      count_failure(RouterMetrics::WorkerFailure::kBroken);
+      outlier(false);
+    }
+    // A reset or an unanswered stream: another worker may serve it. Not --request-timeout: its time is spent.
+    if (failure.status != 504 || failure.kind == RouterMetrics::RetryKind::kFirstByteTimeout) failure.retryable = true;
+  }
+  events_.on_exchange_failed(failure);
 }
 
-// The head is already out: the client can only learn of the failure by the connection closing.
+// The head is already out: the client can only learn of the failure from the response itself. A stream of
+// server-sent events ends with an error event, the way OpenAI's API reports an error mid-stream (and no
+// [DONE], so no client takes it for a whole answer); anything else just ends with the connection.
 void Exchange::broke_off(beast::error_code ec) {
-  const std::string why = "worker " + worker_->name() + " broke off the response: " + ec.message();
+  std::string why = "worker " + worker_->name() + " broke off the response: " + ec.message();
   count_failure(RouterMetrics::WorkerFailure::kBroken);
-  events_.on_exchange_failed(ExchangeFailure{FailedAt::kAfterFirstByte, why});
+  outlier(false);
+  svc_.metrics.stream_cut();
+  retry_ticket_.reset();
+  // Framed for the client: chunked, or delimited by the connection's end (HTTP/1.0). Not while a write is
+  // under way (--request-timeout during a slow client's write): the stream just ends.
+  const bool framed = down_chunked_ || client_.request().version() < 11;
+  if (event_stream_ && framed && !down_writing_ && !head_pending_) return write_error_event(std::move(why));
+  events_.on_exchange_failed(ExchangeFailure{FailedAt::kAfterFirstByte, std::move(why), 502, kStreamCut});
+}
+
+void Exchange::write_error_event(std::string why) {
+  // Two line ends first: they end an event the worker cut half way (a blank line alone dispatches nothing).
+  std::string event = "\n\ndata: " +
+                      error_json(make_error(why, 502, "upstream_error", kStreamCut)) + "\n\n";
+  cut_event_.clear();
+  if (down_chunked_) {
+    char line[24];
+    const int n = std::snprintf(line, sizeof line, "%zx\r\n", event.size());
+    cut_event_.append(line, static_cast<std::size_t>(n));
+    cut_event_.append(event);
+    cut_event_.append("\r\n0\r\n\r\n");
+  } else {
+    cut_event_ = std::move(event);
+  }
+  down_writing_ = true;
+  asio::async_write(client_.socket(), asio::buffer(cut_event_),
+                    [this, keep = client_.keep(), why = std::move(why)](beast::error_code, std::size_t) mutable {
+                      down_writing_ = false;
+                      if (!lease_.stream) return;  // the client left meanwhile (its handler ended the exchange)
+                      events_.on_exchange_failed(ExchangeFailure{FailedAt::kAfterFirstByte, std::move(why), 502, kStreamCut});
+                    });
 }
 
 void Exchange::cancel() {
+  retry_ticket_.reset();
   if (lease_.stream) close_upstream();
 }
 
@@ -352,6 +437,7 @@ void Exchange::close_upstream() {
 }
 
 void Exchange::release(bool reusable) {
+  retry_ticket_.reset();
   if (lease_.stream) {
     lease_.stream->expires_never();
     svc_.pool.release(std::move(lease_), reusable);
@@ -362,6 +448,7 @@ void Exchange::release(bool reusable) {
 void Exchange::cancel_timers() {
   deadline_.cancel();
   watch_.cancel();
+  first_byte_.cancel();
 }
 
 }  // namespace kvroute::router

@@ -3,7 +3,14 @@
 // worker's head, and relays the body to the client piece by piece as it is read (never buffered whole, so
 // server-sent events stream event by event), through a RelayObserver. --request-timeout bounds it from the
 // connection on: a worker that has not answered by then gets the client a 504, and a response still streaming
-// is cut. A reused keep-alive connection that the worker closed while idle is retried once, fresh.
+// is cut. --first-byte-timeout bounds a streamed request's wait for the worker's head. A reused keep-alive
+// connection that the worker closed while idle is retried once, fresh.
+//
+// Every worker's outcome goes to the outlier detector (backends/outlier_detector.h): an answer below 500 is a
+// success; a refused or broken connection, a 5xx, or a timeout a failure. A 502, 503 or 504 answer is not
+// relayed when the handler would send the request elsewhere (ExchangeEvents::may_retry()): it ends as a
+// retryable failure before the first byte. A server-sent event stream cut after its first byte ends with an
+// error event in OpenAI's error shape (and no [DONE]) before its connection closes.
 //
 // It reports how it ended to its ExchangeEvents, and a failure says where it happened: before the first byte
 // of the response reached the client (nothing was written: the request may go to another worker, and the
@@ -41,6 +48,10 @@ struct ExchangeFailure {
   std::string why;  // for the client's error answer and the log
   unsigned status = 502;                 // the client's answer (kBeforeFirstByte)
   const char* code = "worker_unavailable";
+  // The worker failed the request before any byte reached the client (a reset, a 502/503/504, a first-byte
+  // timeout): another worker may be tried. Not for --request-timeout, nor the router's own resources.
+  bool retryable = false;
+  RouterMetrics::RetryKind kind = RouterMetrics::RetryKind::kBroken;
 };
 
 class ExchangeEvents {
@@ -54,6 +65,9 @@ class ExchangeEvents {
   virtual void on_relayed(bool reusable) = 0;
   // Writing to the client failed: it went away (the handler cancels the exchange).
   virtual void on_client_write_failed() = 0;
+  // Asked when a worker answers 502, 503 or 504: whether the handler would send the request to another worker
+  // (the answer is then dropped, and on_exchange_failed() says so with `retryable`).
+  virtual bool may_retry() { return false; }
 };
 
 class Exchange {
@@ -72,6 +86,9 @@ class Exchange {
   // Gives the connection back to the pool (closed unless `reusable`); the exchange is over.
   void release(bool reusable);
   void cancel_timers();
+  // A retry (router/retry_budget.h) rides on this exchange: its place in the budget is given back when the
+  // exchange ends.
+  void hold_retry(RetryBudget::Ticket ticket) { retry_ticket_ = std::move(ticket); }
 
  private:
   void build_request_head(std::string_view body);
@@ -91,12 +108,15 @@ class Exchange {
   void write_down(const char* data, std::size_t size, bool last);
   void on_down_written(boost::beast::error_code ec, std::size_t);
   void on_deadline();
+  void on_first_byte_due();
   void on_watch_due();
-  // `worker_fault`: counted as the worker's broken exchange (not when the handler gives up on connecting).
-  void failed(std::string why, bool retry_fresh, unsigned status = 502, const char* code = "worker_unavailable",
-              bool worker_fault = true);
+  // `worker_fault`: the worker's failure (outlier detection), and a broken exchange in the worker's error counts
+  // unless `counted` already (a 5xx); not when the handler gives up on connecting.
+  void failed(ExchangeFailure failure, bool retry_fresh, bool worker_fault = true, bool counted = false);
   void count_failure(RouterMetrics::WorkerFailure failure);
+  void outlier(bool ok);
   void broke_off(boost::beast::error_code ec);
+  void write_error_event(std::string why);
   void close_upstream();
 
   static constexpr std::size_t kRelayChunk = 16 * 1024;
@@ -112,7 +132,13 @@ class Exchange {
   std::shared_ptr<boost::beast::tcp_stream> orphan_;  // the upstream connection cancel() closed
   LazyDeadline deadline_;  // --request-timeout
   LazyDeadline watch_;     // kWatchClientAfter
+  LazyDeadline first_byte_;  // --first-byte-timeout, for streamed requests
+  RetryBudget::Ticket retry_ticket_;
   bool awaiting_head_ = false;  // the worker has not answered yet
+  bool first_byte_armed_ = false;  // ... and this exchange is bounded by --first-byte-timeout
+  bool event_stream_ = false;   // the response is server-sent events
+  bool down_writing_ = false;   // a write to the client is under way
+  std::string cut_event_;       // the error event ending a cut stream (written only then)
   bool retried_ = false;
   boost::beast::flat_buffer up_buffer_;
   std::optional<http::response_parser<http::buffer_body>> up_parser_;

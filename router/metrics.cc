@@ -186,10 +186,24 @@ RouterMetrics::RouterMetrics()
   lookups_not_found_ = &lookups.Add({{"result", "not_found"}});
   lookups_skipped_ = &lookups.Add({{"result", "skipped"}});
   auto& retries = counters(*registry_, "kvroute_retries_total",
-                           "Requests sent again: to another worker after theirs could not be connected to (kind=\"reroute\"), or to the same "
-                           "worker on a fresh connection after a pooled one turned out closed (kind=\"fresh_connection\")");
+                           "Requests sent again: to another worker after theirs could not be connected to (kind=\"reroute\"), answered "
+                           "502, 503 or 504 (kind=\"status\"), reset or closed the connection (kind=\"broken\") or sent no response "
+                           "head within --first-byte-timeout (kind=\"first_byte_timeout\"), all before any byte reached the client; or "
+                           "to the same worker on a fresh connection after a pooled one turned out closed (kind=\"fresh_connection\")");
   reroutes_ = &retries.Add({{"kind", "reroute"}});
   retries_fresh_ = &retries.Add({{"kind", "fresh_connection"}});
+  retries_status_ = &retries.Add({{"kind", "status"}});
+  retries_broken_ = &retries.Add({{"kind", "broken"}});
+  retries_first_byte_ = &retries.Add({{"kind", "first_byte_timeout"}});
+  retry_budget_exhausted_ = counter(*registry_, "kvroute_retry_budget_exhausted_total",
+                                    "Retries not made because the retry budget was spent (--retry-budget-percent)");
+  ejections_ = counter(*registry_, "kvroute_worker_ejections_total",
+                       "Workers ejected from rotation by passive outlier detection (--outlier-failures in a row)");
+  workers_ejected_ = gauge(*registry_, "kvroute_workers_ejected", "Workers ejected from rotation now");
+  streams_cut_ = counter(*registry_, "kvroute_streams_cut_total",
+                         "Responses cut after their first byte reached the client (an event stream ends with an error event)");
+  pool_reaped_ = counter(*registry_, "kvroute_upstream_connections_reaped_total",
+                         "Idle pooled worker connections closed because the worker closed them");
   fleet_prefill_saved_ = counter(*registry_, "kvroute_fleet_prefill_seconds_saved_total", "GPU prefill seconds the fleet's reported cached tokens saved, each at its worker's learned prefill rate");
   workers_total_ = gauge(*registry_, "kvroute_workers", "Workers in the registry (configured, discovered or added)");
   workers_healthy_ = gauge(*registry_, "kvroute_workers_healthy", "Workers passing their health checks");
@@ -322,6 +336,20 @@ void RouterMetrics::estimate_ratio(double observed_ttft_s, double estimated_ttft
                                    double estimated_itl_s) {
   if (observed_ttft_s > 0 && estimated_ttft_s > 0) ttft_ratio_->Observe(observed_ttft_s / estimated_ttft_s);
   if (observed_itl_s > 0 && estimated_itl_s > 0) itl_ratio_->Observe(observed_itl_s / estimated_itl_s);
+}
+
+void RouterMetrics::retried(RetryKind kind) {
+  switch (kind) {
+    case RetryKind::kStatus: return retries_status_->Increment();
+    case RetryKind::kBroken: return retries_broken_->Increment();
+    case RetryKind::kFirstByteTimeout: return retries_first_byte_->Increment();
+  }
+}
+
+void RouterMetrics::set_pool_reaped(std::uint64_t total) {
+  std::lock_guard lock(mu_);
+  advance(pool_reaped_, total, pool_reaped_seen_);
+  pool_reaped_seen_ = total;
 }
 
 void RouterMetrics::set_workers(std::size_t total, std::size_t healthy, std::size_t routable) {

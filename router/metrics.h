@@ -125,6 +125,18 @@ class RouterMetrics {
   // retried once on a fresh connection after a pooled one turned out closed.
   void rerouted() { reroutes_->Increment(); }
   void retried_fresh() { retries_fresh_->Increment(); }
+  // Why a request was sent to another worker before any byte reached its client (kvroute_retries_total's kind).
+  enum class RetryKind { kStatus, kBroken, kFirstByteTimeout };
+  void retried(RetryKind kind);
+  // A retry that was not made: the retry budget was spent (router/retry_budget.h).
+  void retry_budget_exhausted() { retry_budget_exhausted_->Increment(); }
+  // Passive outlier detection (backends/outlier_detector.h): an ejection, and how many are ejected now.
+  void ejected() { ejections_->Increment(); }
+  void set_ejected(std::size_t n) { workers_ejected_->Set(static_cast<double>(n)); }
+  // A streamed response cut after its first byte (ended with an error event when it was server-sent events).
+  void stream_cut() { streams_cut_->Increment(); }
+  // Idle pooled connections closed because their worker closed them (backends::UpstreamPool::reaped()).
+  void set_pool_reaped(std::uint64_t total);
 
   // The fleet as the registry holds it (set by the collect hook): every worker, those passing their health
   // checks, and those a request may be routed to (healthy and not cordoned).
@@ -253,6 +265,15 @@ class RouterMetrics {
   prometheus::Counter* lookups_skipped_;
   prometheus::Counter* reroutes_;
   prometheus::Counter* retries_fresh_;
+  prometheus::Counter* retries_status_;
+  prometheus::Counter* retries_broken_;
+  prometheus::Counter* retries_first_byte_;
+  prometheus::Counter* retry_budget_exhausted_;
+  prometheus::Counter* ejections_;
+  prometheus::Gauge* workers_ejected_;
+  prometheus::Counter* streams_cut_;
+  prometheus::Counter* pool_reaped_;
+  std::uint64_t pool_reaped_seen_ = 0;  // guarded by mu_
   prometheus::Counter* fleet_prefill_saved_;
   prometheus::Gauge* workers_total_;
   prometheus::Gauge* workers_healthy_;

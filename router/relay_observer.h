@@ -38,6 +38,8 @@ class RelayObserver {
   // passed through); owned by the caller, read and updated as the response passes.
   RelayObserver(Router& router, std::optional<Decision>& decision) : router_(router), decision_(decision) {}
 
+  // The request being relayed asked for a stream (its routing decision says so; a route passed through: no).
+  bool streamed() const { return decision_ && decision_->streamed; }
   // An exchange begins: nothing of an earlier one on this connection may be read as this one's usage.
   // `responses`: a Responses API request (its id is read); `strip_usage`: the router added include_usage.
   void begin(bool responses, bool strip_usage);

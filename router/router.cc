@@ -79,7 +79,7 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
   });
 }
 
-Result<Decision> Router::route(const RoutableRequest& request) {
+Result<Decision> Router::route(const RoutableRequest& request, std::span<const hashing::WorkerId> exclude) {
   const auto t0 = std::chrono::steady_clock::now();
   if (background_count_.load(std::memory_order_relaxed) > 0) expire_background(t0);
   auto workers = registry_.snapshot();
@@ -87,6 +87,7 @@ Result<Decision> Router::route(const RoutableRequest& request) {
   thread_local hashing::PrefixIndex::Match match;
   thread_local std::vector<std::uint64_t> reused, capacity;
   backends::WorkerRegistry::fill_views(*workers, views);
+  for (auto& v : views) v.healthy = v.healthy && std::find(exclude.begin(), exclude.end(), v.id) == exclude.end();
   shared_state::SharedState* const shared = shared_.load(std::memory_order_acquire);
   if (shared) add_remote_load(views);
   if (!request.model.empty()) keep_serving(*workers, request.model, views);

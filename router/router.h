@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "backends/shared_state/shared_state.h"
@@ -90,7 +91,8 @@ class Router {
   Router(const Config& config, backends::WorkerRegistry& registry, std::unique_ptr<policy::RoutingPolicy> policy,
          RouterMetrics& metrics);
 
-  Result<Decision> route(const RoutableRequest& request);
+  // `exclude`: workers the request must not go to (those that already failed it: a retry goes elsewhere).
+  Result<Decision> route(const RoutableRequest& request, std::span<const hashing::WorkerId> exclude = {});
   // The least loaded healthy worker (pass-through routes); with a model, one that serves it if any healthy
   // worker does.
   std::shared_ptr<backends::Worker> any_healthy(std::string_view model = {}) const;

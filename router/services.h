@@ -16,12 +16,14 @@
 
 #include <boost/json/object.hpp>
 
+#include "backends/outlier_detector.h"
 #include "backends/upstream.h"
 #include "backends/worker_registry.h"
 #include "router/admission.h"
 #include "router/auth.h"
 #include "router/config.h"
 #include "router/metrics.h"
+#include "router/retry_budget.h"
 #include "router/router.h"
 #include "router/tokenizer_client.h"
 
@@ -79,6 +81,9 @@ struct Services {
   // the Services are gone): --max-concurrent-requests (null: no cap), --api-keys-file (null: no key needed).
   std::shared_ptr<Admission> admission;
   std::shared_ptr<const ApiKeys> api_keys;
+  // Failover, shared by every thread (docs/reliability.md, "Failures").
+  backends::OutlierDetector* outliers = nullptr;
+  RetryBudget* retries = nullptr;
 };
 
 }  // namespace kvroute::router

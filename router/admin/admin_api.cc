@@ -35,6 +35,17 @@ json::object worker_json(Services& svc, const backends::Worker& w) {
   o["url"] = w.endpoint().url;
   o["healthy"] = w.healthy();
   o["cordoned"] = w.cordoned();
+  // Passive outlier detection (backends/outlier_detector.h).
+  const auto now = std::chrono::steady_clock::now();
+  o["ejected"] = w.ejected(now);
+  if (w.ejected(now)) {
+    const auto left = w.ejected_until() - now;
+    o["ejected_until"] = log::timestamp(std::chrono::system_clock::now() +
+                                        std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
+    o["ejected_for_s"] = std::chrono::duration<double>(left).count();
+  }
+  o["ejections"] = w.ejections();
+  o["consecutive_failures"] = w.consecutive_failures();
   o["in_flight"] = w.in_flight();
   json::array models;
   for (const auto& m : w.models()) models.emplace_back(m);

@@ -19,6 +19,10 @@ void write_access_log(const AccessRecord& rec, const StringRequest& req, const s
   o["path"] = target_path(req.target());
   o["status"] = status;
   if (rec.client_gone) o["client_gone"] = true;
+  // What the client got, whatever the status line said: a stream cut after its 200 head is no success.
+  o["outcome"] = rec.stream_cut ? "stream_cut" : rec.client_gone ? "client_gone" : status >= 200 && status < 400 ? "ok" : "error";
+  if (rec.error) o["error"] = rec.error;
+  if (rec.retries > 0) o["retries"] = rec.retries;
   if (worker) o["worker"] = worker->name();
   if (!rec.reason.empty()) {
     o["reason"] = rec.reason;

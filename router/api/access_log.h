@@ -26,6 +26,9 @@ struct AccessRecord {
   std::uint64_t prompt_tokens = 0, predicted_cached_tokens = 0;
   std::optional<Usage> usage;  // what the worker reported
   double ttft_s = -1;
+  int retries = 0;             // other workers the request was sent to after its first failed it
+  const char* error = nullptr;  // the error code of a request that failed (router/exchange.h), if one did
+  bool stream_cut = false;      // its response was cut after the first byte reached the client
 };
 
 // One line (one fwrite, so lines of different threads do not mix). `status` 0: no answer was sent.

@@ -12,8 +12,6 @@ namespace beast = boost::beast;
 
 namespace {
 
-constexpr int kMaxReroutes = 2;  // other workers tried for a request whose worker refused the connection
-
 // Inference routes that vLLM and SGLang serve outside /v1/, passed through like /v1/* ones. Workers' control
 // routes (/flush_cache, /load, ...) are not: they would reach one worker of many.
 bool passed_through_root_route(std::string_view path) {
@@ -118,7 +116,10 @@ void ApiHandler::finish(bool ok, bool reusable, bool worker_failed) {
 
 void ApiHandler::on_exchange_failed(const ExchangeFailure& failure) {
   LOG_WARN("request " << session_.request_id() << ": " << failure.why);
+  if (failure.retryable && retry_elsewhere(failure)) return;  // failover.cc
+  access_.error = failure.code;
   if (failure.where == FailedAt::kAfterFirstByte) {
+    access_.stream_cut = true;
     session_.set_close_after();
     finish(false, false);
     return session_.close();
@@ -133,18 +134,19 @@ void ApiHandler::on_exchange_failed(const ExchangeFailure& failure) {
 
 // Nothing was sent, so the request can go elsewhere: a worker that refuses connections (or does not answer
 // them within --connect-timeout) is taken out of rotation at once, without waiting for its health checks, and
-// the request is routed again, up to kMaxReroutes times. Out of descriptors here, no worker is to blame.
+// the request is routed again, up to --max-retries times. Out of descriptors here, no worker is to blame.
 void ApiHandler::on_connect_failed(beast::error_code ec) {
   const std::string reason = ec == beast::error::timeout ? std::string("timed out") : ec.message();
   const std::string why = "cannot connect to worker " + worker_->name() + ": " + reason;
   if (net::local_resource_error(ec)) return exchange_.fail(why, 503, "router_overloaded");
   if (!worker_->removed()) svc_.metrics.worker_failure(worker_->id(), RouterMetrics::WorkerFailure::kConnect);
   svc_.worker_unreachable(*worker_, "could not be connected to (" + reason + ")");
-  if (reroutes_ >= kMaxReroutes) return exchange_.fail(why);
+  if (reroutes_ >= svc_.config.max_retries) return exchange_.fail(why);
   ++reroutes_;
   svc_.metrics.rerouted();
   LOG_INFO("request " << session_.request_id() << ": " << why << "; routing it again");
   if (!decision_) return forward_to_least_loaded();
+  tried_.push_back(worker_->id());
   route_again();
 }
 

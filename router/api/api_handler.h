@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <boost/asio/steady_timer.hpp>
 
@@ -54,6 +55,7 @@ class ApiHandler final : public RequestHandler, public ExchangeEvents {
   void on_exchange_failed(const ExchangeFailure& failure) override;
   void on_relayed(bool reusable) override;
   void on_client_write_failed() override { on_client_gone(); }
+  bool may_retry() override { return retry_possible(); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -84,6 +86,10 @@ class ApiHandler final : public RequestHandler, public ExchangeEvents {
   bool held_for_prefix() const { return decision_ && decision_->hold_leader != 0; }
   void note_decision();
 
+  // ---- failover (failover.cc) ----
+  bool retry_possible();
+  bool retry_elsewhere(const ExchangeFailure& failure);
+
   // ---- passed through (passthrough.cc) ----
   void handle_passthrough(std::string_view path);
   void forward_to_response_owner(const std::string& id);
@@ -105,6 +111,7 @@ class ApiHandler final : public RequestHandler, public ExchangeEvents {
   std::string up_body_;                      // the routed request's body as rewritten for the worker, if it was
   bool strip_usage_ = false;                 // ... with an include_usage the client did not ask for
   int reroutes_ = 0;
+  std::vector<hashing::WorkerId> tried_;  // workers that failed the routed request (not routed to again)
   std::optional<boost::asio::steady_timer> hold_timer_;  // a prefix hold's checks
   std::uint64_t hold_seq_ = 0;                           // the latest wake-up or check of a prefix hold
   HoldWaiters::Id hold_watch_ = 0;                       // its watch in the router (Router::watch_prefix_hold)

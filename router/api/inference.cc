@@ -114,6 +114,7 @@ void ApiHandler::on_tokenized(RoutableRequest request, Clock::time_point t0, Res
 
 void ApiHandler::route_parsed(RoutableRequest parsed, Clock::time_point t0) {
   reroutes_ = 0;
+  tried_.clear();
   auto decision = svc_.router.route(parsed);
   if (!decision) return session_.answer_error(decision.error());
   decision_ = std::move(*decision);
@@ -130,14 +131,18 @@ void ApiHandler::route_parsed(RoutableRequest parsed, Clock::time_point t0) {
   forward(decision_->worker);
 }
 
-// The worker could not be connected to (ApiHandler::on_connect_failed): the request, not yet sent, is routed
-// again; the worker is out of rotation by now.
+// The worker could not be connected to (ApiHandler::on_connect_failed), or failed the request before its first
+// byte (failover.cc): the request is routed again, to none of the workers that failed it.
 void ApiHandler::route_again() {
   const auto t0 = decision_->start;
   svc_.router.complete(*decision_, Outcome{false, std::nullopt, /*worker_failed=*/false});
   decision_.reset();
-  auto again = svc_.router.route(*routable_);
-  if (!again) return session_.answer_error(again.error());
+  access_.retries = reroutes_;
+  auto again = svc_.router.route(*routable_, tried_);
+  if (!again) {
+    exchange_.release(false);  // the retry it would have carried ends here
+    return session_.answer_error(again.error());
+  }
   decision_ = std::move(*again);
   decision_->start = t0;
   note_decision();

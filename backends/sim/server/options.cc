@@ -50,6 +50,9 @@ flags (--flag VALUE or --flag=VALUE):
   --seed N                    seed of generated text and block hashes (default 0)
   --max-body-bytes N          largest accepted request body (default 8388608)
   --idle-timeout S            close a keep-alive connection idle for S wall seconds (default 60)
+  --fault F                   fault injection for failover tests: a status code (e.g. 503) answers every
+                              inference request (/v1/completions, /v1/chat/completions, /v1/responses) with
+                              it; hang reads them and never answers; /health and the rest stay served
   --help                      print this text
 
 Generation never stops early: every request produces exactly max_tokens tokens (default 16, capped by
@@ -106,7 +109,7 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
         "--model-config", "--gpu",
         "--cpu-tier-gb", "--prefix-commit", "--speed", "--num-gpu-blocks", "--max-num-seqs", "--max-model-len",
         "--kv-events-port", "--kv-events-replay-port", "--kv-events-format", "--kv-events-encoding",
-        "--kv-events-topic", "--kv-events-load-interval", "--seed", "--max-body-bytes", "--idle-timeout"};
+        "--kv-events-topic", "--kv-events-load-interval", "--seed", "--max-body-bytes", "--idle-timeout", "--fault"};
     if (std::find(std::begin(kKnown), std::end(kKnown), flag) == std::end(kKnown)) {
       return make_error("unknown flag '" + std::string(flag) + "' (see --help)");
     }
@@ -205,6 +208,14 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
       auto r = parse_double(flag, value, 0.001);
       if (!r) return r.error();
       o.idle_timeout_s = *r;
+    } else if (flag == "--fault") {
+      if (value == "hang") {
+        o.hang = true;
+      } else {
+        auto r = parse_number<unsigned>(flag, value, 400, 599);
+        if (!r) return make_error("--fault: expected hang or an HTTP status from 400 to 599, got '" + std::string(value) + "'");
+        o.fail_status = *r;
+      }
     } else {
       return make_error("unknown flag '" + std::string(flag) + "' (see --help)");
     }

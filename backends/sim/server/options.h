@@ -50,6 +50,9 @@ struct SimServerOptions {
   std::uint64_t seed = 0;
   std::size_t max_body_bytes = 8u << 20;
   double idle_timeout_s = 60;          // keep-alive connection idle limit (wall seconds)
+  // Fault injection (--fault): inference requests answered with this status (0: served), or never answered.
+  unsigned fail_status = 0;
+  bool hang = false;
 };
 
 extern const char* const kUsage;

@@ -88,6 +88,8 @@ Result<std::unique_ptr<SimServer>> SimServer::build(const SimServerOptions& o) {
     wc.api_key = o.api_key;
     wc.lora_modules = o.lora_modules;
     wc.idle_timeout_s = o.idle_timeout_s;
+    wc.fail_status = o.fail_status;
+    wc.hang = o.hang;
     wc.kv_events_encoding = o.kv_events_encoding;
     wc.kv_events_load_interval_s = o.kv_events_load_interval_s;
     wc.zmq_context = s->zmq_.ctx;

@@ -102,6 +102,17 @@ SimSession::SimSession(net::ip::tcp::socket socket, std::shared_ptr<SimWorker> w
 
 void SimSession::run() { do_read(); }
 
+// --fault hang: the request is read and never answered; the connection stays open until the client closes it
+// (a hung engine behind a live HTTP server). The read only notices that close.
+void SimSession::hang() {
+  stream_.expires_never();
+  hang_buffer_.resize(512);
+  stream_.socket().async_read_some(net::buffer(hang_buffer_), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+    if (ec) return self->close();
+    self->hang();
+  });
+}
+
 void SimSession::do_read() {
   if (closed_) return;
   parser_.emplace();
@@ -164,6 +175,13 @@ void SimSession::handle(Request& req) {
     if (auth.size() != key.size() + 7 || !auth.starts_with("Bearer ") || auth.substr(7) != key) {
       return send_json(401, R"({"error":"Unauthorized"})");
     }
+  }
+  if (target == "/v1/completions" || target == "/v1/chat/completions" || target == "/v1/responses") {
+    if (const unsigned status = worker_->config().fail_status) {
+      return send_error(make_error("fault injected (--fault " + std::to_string(status) + ")", static_cast<int>(status),
+                                   "ServiceUnavailableError", "fault_injected"));
+    }
+    if (worker_->config().hang) return hang();
   }
   auto need = [&](http::verb v) {
     if (method == v) return true;

@@ -52,6 +52,7 @@ class SimSession : public RequestObserver, public std::enable_shared_from_this<S
   using Response = boost::beast::http::response<boost::beast::http::string_body>;
 
   void do_read();
+  void hang();
   void on_header(boost::beast::error_code ec, std::size_t bytes);
   void read_body();
   void on_read(boost::beast::error_code ec, std::size_t bytes);
@@ -85,6 +86,7 @@ class SimSession : public RequestObserver, public std::enable_shared_from_this<S
 
   boost::beast::tcp_stream stream_;
   boost::beast::flat_buffer buffer_;
+  std::string hang_buffer_;  // --fault hang: what the client sends meanwhile, dropped
   std::shared_ptr<SimWorker> worker_;
   std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
   std::optional<Response> res_;

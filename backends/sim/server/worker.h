@@ -70,6 +70,8 @@ struct SimWorkerConfig {
   std::uint64_t seed = 0;
   std::size_t max_body_bytes = 8u << 20;
   double idle_timeout_s = 60;
+  unsigned fail_status = 0;  // --fault CODE: inference requests answered with it
+  bool hang = false;         // --fault hang: inference requests never answered
   std::string api_key;  // non-empty: /v1 routes need "Authorization: Bearer KEY" (vLLM's AuthenticationMiddleware)
   // LoRA adapters loaded at start (vllm serve --lora-modules NAME=PATH): requests may name them as their model.
   std::vector<std::pair<std::string, std::string>> lora_modules;
