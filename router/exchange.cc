@@ -161,6 +161,8 @@ void Exchange::on_head() {
                    status, "worker_unavailable", true, RouterMetrics::RetryKind::kStatus},
                   false, /*worker_fault=*/true, /*counted=*/true);
   }
+  // The retry this exchange carried has its answer: its place in the budget is free (router/retry_budget.h).
+  retry_ticket_.reset();
   client_.set_status(status);
   event_stream_ = up[http::field::content_type].find("text/event-stream") != std::string_view::npos;
   const bool rewritten = observer_.on_head(status, event_stream_, *worker_, client_.request_id());
@@ -417,10 +419,12 @@ void Exchange::write_error_event(std::string why) {
   }
   down_writing_ = true;
   asio::async_write(client_.socket(), asio::buffer(cut_event_),
-                    [this, keep = client_.keep(), why = std::move(why)](beast::error_code, std::size_t) mutable {
+                    [this, keep = client_.keep(), why = std::move(why)](beast::error_code ec, std::size_t) mutable {
                       down_writing_ = false;
                       if (!lease_.stream) return;  // the client left meanwhile (its handler ended the exchange)
-                      events_.on_exchange_failed(ExchangeFailure{FailedAt::kAfterFirstByte, std::move(why), 502, kStreamCut});
+                      ExchangeFailure cut{FailedAt::kAfterFirstByte, std::move(why), 502, kStreamCut};
+                      cut.ended_whole = !ec && down_chunked_;
+                      events_.on_exchange_failed(cut);
                     });
 }
 

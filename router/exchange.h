@@ -52,6 +52,9 @@ struct ExchangeFailure {
   // timeout): another worker may be tried. Not for --request-timeout, nor the router's own resources.
   bool retryable = false;
   RouterMetrics::RetryKind kind = RouterMetrics::RetryKind::kBroken;
+  // kAfterFirstByte: the response still ended well framed (a chunked event stream ended by its error event), so
+  // the client's connection may serve its next request.
+  bool ended_whole = false;
 };
 
 class ExchangeEvents {

@@ -5,6 +5,10 @@
 // default 3), so a quiet router still retries. Each request also retries at most max_per_request times
 // (the caller counts those).
 //
+// A retry is under way from when it is sent until its worker answers (its response head) or fails it, not for
+// the whole response as in Envoy: an LLM response streams for seconds to minutes, and what a budget guards
+// against is a burst of attempts on a failing fleet, not the load of a request that one worker now serves.
+//
 // Thread-safe (one atomic). A Ticket is one retry under way; it gives its place back when destroyed.
 //
 //   if (auto ticket = budget.try_acquire(active_requests)) { exchange.hold_retry(std::move(*ticket)); ... }

@@ -120,6 +120,11 @@ void ApiHandler::on_exchange_failed(const ExchangeFailure& failure) {
   access_.error = failure.code;
   if (failure.where == FailedAt::kAfterFirstByte) {
     access_.stream_cut = true;
+    // A stream ended by its error event is framed whole: the connection may serve the client's next request.
+    if (failure.ended_whole) {
+      finish(false, false);
+      return session_.answered();
+    }
     session_.set_close_after();
     finish(false, false);
     return session_.close();
