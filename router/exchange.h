@@ -14,8 +14,8 @@
 //
 // It reports how it ended to its ExchangeEvents, and a failure says where it happened: before the first byte
 // of the response reached the client (nothing was written: the request may go to another worker, and the
-// client gets an error answer) or after (the head is out: the client only learns of it by the connection
-// closing). One per client connection, reused by each of its requests, on the connection's thread.
+// client gets an error answer) or after (the head is out: an event stream ends with an error event, anything
+// else with the connection). One per client connection, reused by each of its requests, on the connection's thread.
 //
 //   exchange.start(worker, body);   // its end comes as an ExchangeEvents call; none after release()
 //   ... on_relayed(reusable):       exchange.release(reusable);

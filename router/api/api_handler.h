@@ -13,7 +13,8 @@
 // (--max-concurrent-requests: the request waits for a slot, fairly across tenants, or gets 429).
 // A routed or passed-through request goes to its worker through the connection's Exchange; what the relay
 // reads (router/relay_observer.h) goes to Router::complete() when the exchange ends (finish()). A worker that
-// refuses the connection is taken out of rotation and the request, not yet sent, routed again.
+// refuses the connection is taken out of rotation and the request, not yet sent, routed again; a routed request
+// a worker failed before its first byte goes to another worker (router/api/failover.cc).
 //
 // One per client connection, owned by its ClientSession, on the session's thread. Its member functions are
 // defined in the files named above, by endpoint.
