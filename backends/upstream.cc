@@ -40,7 +40,8 @@ void async_connect_endpoint(beast::tcp_stream& stream, const WorkerEndpoint& end
       });
 }
 
-UpstreamPool::UpstreamPool(asio::any_io_executor ex, Options options) : ex_(std::move(ex)), options_(options) {}
+UpstreamPool::UpstreamPool(asio::any_io_executor ex, Options options)
+    : ex_(std::move(ex)), options_(options), state_(std::make_shared<State>(ex_)) {}
 
 namespace {
 // Pooled connections idle for at most this long are reused without the check below (see acquire()).
@@ -77,9 +78,6 @@ void UpstreamPool::acquire(const Worker& worker, Handler handler, bool fresh_onl
       // retried once on a fresh connection by the caller. The check is one system call per request.
       if (idle_for > kUncheckedIdle && !looks_alive(*conn.stream)) continue;
       lock.unlock();
-      // Ends the idle wait (no system call: the reactor drops the operation); its handler sees it aborted.
-      beast::error_code ignored;
-      conn.stream->socket().cancel(ignored);
       handler({}, Lease{id, serial, std::move(conn.stream), true});
       return;
     }
@@ -105,39 +103,56 @@ void UpstreamPool::release(Lease lease, bool reusable) {
     return;
   }
   lease.stream->expires_never();
-  const beast::tcp_stream* raw = lease.stream.get();
-  {
-    std::lock_guard lock(state_->mu);
-    auto& idle = state_->idle[lease.worker];
-    if (idle.size() >= options_.max_idle_per_worker) return;  // the stream closes as it goes out of scope
-    idle.push_back(Idle{lease.serial, lease.stream, std::chrono::steady_clock::now()});
-  }
-  // An idle HTTP/1.1 connection has nothing to read: readable means the worker closed it (or misbehaves).
-  // The socket's descriptor is registered with the reactor already, so arming the wait makes no system call.
-  lease.stream->socket().async_wait(
-      tcp::socket::wait_read, [state = std::weak_ptr<State>(state_), worker = lease.worker, raw](beast::error_code ec) {
-        if (!ec) reap(state, worker, raw);
-      });
+  std::lock_guard lock(state_->mu);
+  auto& idle = state_->idle[lease.worker];
+  if (idle.size() >= options_.max_idle_per_worker) return;  // the stream closes as it goes out of scope
+  idle.push_back(Idle{lease.serial, std::move(lease.stream), std::chrono::steady_clock::now()});
+  if (!state_->sweeping) arm_sweep(state_, options_.idle_timeout);
 }
 
-void UpstreamPool::reap(const std::weak_ptr<State>& weak, WorkerId worker, const beast::tcp_stream* stream) {
-  const auto state = weak.lock();
-  if (!state) return;
-  std::shared_ptr<beast::tcp_stream> dead;
-  {
-    std::lock_guard lock(state->mu);
-    auto it = state->idle.find(worker);
-    if (it == state->idle.end()) return;
+namespace {
+// How often idle connections are checked. A worker's close is noticed within it (plus kUncheckedIdle).
+constexpr std::chrono::seconds kSweepEvery{1};
+}  // namespace
+
+void UpstreamPool::arm_sweep(const std::shared_ptr<State>& state, std::chrono::steady_clock::duration idle_timeout) {
+  state->sweeping = true;
+  state->sweep.expires_after(kSweepEvery);
+  state->sweep.async_wait([weak = std::weak_ptr<State>(state), idle_timeout](beast::error_code ec) {
+    const auto s = weak.lock();
+    if (!s || ec) return;  // the pool is gone (its timer cancelled)
+    sweep(s, idle_timeout);
+  });
+}
+
+void UpstreamPool::sweep(const std::shared_ptr<State>& shared, std::chrono::steady_clock::duration idle_timeout) {
+  State& state = *shared;
+  std::vector<std::shared_ptr<beast::tcp_stream>> dead;  // closed outside the lock
+  std::unique_lock lock(state.mu);
+  const auto now = std::chrono::steady_clock::now();
+  bool any = false;
+  for (auto it = state.idle.begin(); it != state.idle.end();) {
     auto& idle = it->second;
-    auto at = std::find_if(idle.begin(), idle.end(), [stream](const Idle& c) { return c.stream.get() == stream; });
-    if (at == idle.end()) return;  // handed out meanwhile: its exchange reads what came
-    dead = std::move(at->stream);
-    idle.erase(at);
-    ++state->reaped;
+    std::erase_if(idle, [&](Idle& c) {
+      const auto idle_for = now - c.since;
+      // Checked only past kUncheckedIdle: one system call each, and a connection that just answered is alive.
+      const bool closed = idle_for > kUncheckedIdle && !looks_alive(*c.stream);
+      if (!closed && idle_for <= idle_timeout) return false;
+      state.reaped += closed ? 1 : 0;
+      dead.push_back(std::move(c.stream));
+      return true;
+    });
+    any = any || !idle.empty();
+    it = idle.empty() ? state.idle.erase(it) : std::next(it);
   }
-  beast::error_code ignored;
-  dead->socket().shutdown(tcp::socket::shutdown_both, ignored);
-  dead->socket().close(ignored);
+  state.sweeping = false;
+  if (any) arm_sweep(shared, idle_timeout);  // only while connections idle: an idle pool sets no timer
+  lock.unlock();
+  for (auto& d : dead) {
+    beast::error_code ignored;
+    d->socket().shutdown(tcp::socket::shutdown_both, ignored);
+    d->socket().close(ignored);
+  }
 }
 
 void UpstreamPool::drop(WorkerId worker) {

@@ -166,7 +166,8 @@ TEST_F(Failover, PooledConnectionsTheWorkerClosedAreReaped) {
     });
   }
   for (auto& c : clients) c.join();
-  std::this_thread::sleep_for(2500ms);  // the worker closes its idle keep-alive connections after 1 s
+  // The worker closes its idle keep-alive connections after 1 s; the router's sweep runs every second.
+  std::this_thread::sleep_for(3500ms);
   EXPECT_EQ(close_wait_to(port), 0) << "pooled connections the worker closed sit in CLOSE-WAIT";
   EXPECT_GE(metric("kvroute_upstream_connections_reaped_total"), 2);
   // And the next request still goes through, on a fresh connection.
