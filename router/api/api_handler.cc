@@ -94,6 +94,7 @@ void ApiHandler::forward(std::shared_ptr<backends::Worker> worker) {
 void ApiHandler::on_relayed(bool reusable) {
   const unsigned status = session_.status();
   // A 4xx is the client's error, answered by the worker: not an upstream failure (Exchange::on_head counted it).
+  if (status >= 500) forget_predicted_prefix();  // failover.cc
   finish(status >= 200 && status < 300, reusable, /*worker_failed=*/status >= 500);
   session_.answered();
 }
@@ -130,6 +131,7 @@ void ApiHandler::on_exchange_failed(const ExchangeFailure& failure) {
     return session_.close();
   }
   if (decision_) {
+    if (failure.retryable) forget_predicted_prefix();  // the worker failed it (failover.cc)
     svc_.router.complete(*decision_, Outcome{false, std::nullopt});
     decision_.reset();
     routable_.reset();

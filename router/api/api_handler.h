@@ -90,6 +90,7 @@ class ApiHandler final : public RequestHandler, public ExchangeEvents {
   // ---- failover (failover.cc) ----
   bool retry_possible();
   bool retry_elsewhere(const ExchangeFailure& failure);
+  void forget_predicted_prefix();
 
   // ---- passed through (passthrough.cc) ----
   void handle_passthrough(std::string_view path);

@@ -36,6 +36,15 @@ bool ApiHandler::retry_possible() {
   });
 }
 
+// A worker that failed the request before its first byte computed none of it: what routing predicted it would
+// hold is forgotten. Approximate mode records the routed chain on the worker at once, so a worker answering
+// every request 503 at once would otherwise look like the one holding every prefix sent to it, and draw them
+// (precise mode drops its unconfirmed predictions at the request's end anyway).
+void ApiHandler::forget_predicted_prefix() {
+  if (!decision_ || !routable_ || decision_->worker->precise() || decision_->worker->removed()) return;
+  svc_.router.index().drop_unconfirmed(decision_->worker->id(), routable_->chain.hashes);
+}
+
 bool ApiHandler::retry_elsewhere(const ExchangeFailure& failure) {
   if (!retry_possible()) {
     if (decision_ && routable_ && svc_.retries && reroutes_ < svc_.config.max_retries &&

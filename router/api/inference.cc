@@ -135,6 +135,7 @@ void ApiHandler::route_parsed(RoutableRequest parsed, Clock::time_point t0) {
 // byte (failover.cc): the request is routed again, to none of the workers that failed it.
 void ApiHandler::route_again() {
   const auto t0 = decision_->start;
+  forget_predicted_prefix();
   svc_.router.complete(*decision_, Outcome{false, std::nullopt, /*worker_failed=*/false});
   decision_.reset();
   access_.retries = reroutes_;
