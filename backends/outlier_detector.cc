@@ -44,7 +44,10 @@ bool OutlierDetector::may_eject(const Worker& worker, Clock::time_point now) con
   const auto workers = registry_.snapshot();
   std::size_t ejected = 0, others_routable = 0;
   for (const auto& w : *workers) {
-    if (w->ejected(now)) ++ejected;
+    // Only the ejections that keep a worker out: one failing its health checks as well (a crashed worker
+    // whose streams broke) is out of rotation anyway, and must not use up the cap a worker that passes them
+    // but fails every request (answers 503 at once, and so draws least-loaded routing) needs.
+    if (w->ejected(now) && w->healthy() && !w->cordoned()) ++ejected;
     if (w.get() != &worker && w->healthy() && !w->cordoned() && !w->ejected(now)) ++others_routable;
   }
   // Never the last worker a request could go to.

@@ -7,7 +7,8 @@
 // (interval) the worker spends back in rotation. Ejections are capped by a percentage of the fleet
 // (max_ejection_percent, Envoy's default 10 %; kvroute's default is 50 %, see Options), and, as in Envoy, one
 // worker may always be ejected whatever the percentage, except that kvroute never ejects the last worker a
-// request could go to: a failing worker still answers, while an empty fleet answers nothing.
+// request could go to: a failing worker still answers, while an empty fleet answers nothing. An ejected worker
+// that fails its health checks too counts nothing against the cap: it would be out of rotation anyway.
 //
 // Thread-safe: success() and failure() come from every I/O thread. The counters are the worker's atomics;
 // the decision to eject is taken under one lock, so the cap holds when several workers fail at once.

@@ -127,7 +127,8 @@ TEST_F(Outliers, NeverEjectsTheLastRoutableWorker) {
   // Workers out of rotation otherwise (unhealthy) do not count as somewhere to go.
   auto c = add(3);
   b->set_healthy(false);
-  EXPECT_FALSE(fail(d, *c, 5, t0_ + 31s)) << "b is ejected: one of three is the cap at 50 %";
+  a->set_healthy(false);
+  EXPECT_FALSE(fail(d, *c, 5, t0_ + 31s)) << "a and b fail their health checks: c is the last worker to go to";
 }
 
 TEST_F(Outliers, MaxEjectionPercentCapsEjectionsButOneAlwaysMay) {
@@ -146,6 +147,12 @@ TEST_F(Outliers, MaxEjectionPercentCapsEjectionsButOneAlwaysMay) {
   o.max_ejection_percent = 0;
   OutlierDetector d0(registry_, o);
   EXPECT_FALSE(fail(d0, *w[4], 5, t0_)) << "three are ejected; at 0 % one always may, not four";
+  // An ejected worker that also fails its health checks (crashed) is out anyway: it takes no place in the cap.
+  w[1]->set_healthy(false);
+  w[2]->set_healthy(false);
+  EXPECT_TRUE(fail(d30, *w[4], 1, t0_)) << "w[1] and w[2] are down as well: only w[0] counts against the cap";
+  EXPECT_TRUE(fail(d30, *w[5], 5, t0_));
+  EXPECT_FALSE(fail(d30, *w[6], 5, t0_)) << "w[0], w[4] and w[5]: three of ten";
 }
 
 TEST_F(Outliers, ZeroFailuresDisablesEjection) {
