@@ -651,7 +651,10 @@ class FleetSim {
     for (std::size_t i = 0; i < n_; ++i) {
       const WorkerState& ws = workers_[i];
       const RouterLoad& l = rep.load[i];
+      // A fresh view, as the daemon's Worker::view builds one: fields fill() leaves alone while this replica's
+      // queue is empty must not keep the last request's values (add_to() would add the others' load onto them).
       policy::WorkerView& v = views_[i];
+      v = policy::WorkerView{};
       v.id = static_cast<WorkerId>(i);
       v.healthy = true;
       v.in_flight = l.in_flight;

@@ -217,6 +217,50 @@ TEST(Simulate, PrefixHoldSavesRecomputingAPrefixBeingComputed) {
   EXPECT_DOUBLE_EQ(cached_share(0.4, sim::PrefixCommit::kSchedule), 12288 / prompt);
 }
 
+// Router replicas sharing through Redis (with no delay) price each worker by the whole fleet's load, as one
+// router does, so they keep its hit rate and TTFT on long shared prefixes (32-40K-token prompts, twelve
+// prefixes over four workers). Each replica's view of a worker is built fresh for every request, as the daemon's
+// Worker::view does: one whose own queue on a worker is empty must not price it with the prefill seconds
+// left in an earlier request's view plus the others' load again (that cost 1.10x the mean TTFT here).
+TEST(Simulate, SharingReplicasKeepOneRoutersHitRateOnLongPrefixes) {
+  Workload w;
+  w.name = "long_shared_prefixes";
+  for (std::uint64_t k = 0; k < 240; ++k) {
+    Request r;
+    r.arrival_s = 0.1 * static_cast<double>(k);
+    const std::uint64_t group = (k * 7) % 12, prefix_blocks = 2000 + 150 * (group % 4), tail_blocks = 40;
+    r.prompt_tokens = static_cast<std::uint32_t>(16 * (prefix_blocks + tail_blocks));
+    r.output_tokens = 8;
+    r.chain.unit = hashing::Unit::kToken;
+    r.chain.block_units = 16;
+    r.chain.total_units = r.prompt_tokens;
+    for (std::uint64_t b = 0; b < prefix_blocks; ++b) r.chain.hashes.push_back((group + 1) * 1'000'000 + b);
+    for (std::uint64_t b = 0; b < tail_blocks; ++b) r.chain.hashes.push_back(900'000'000 + 100 * k + b);
+    w.requests.push_back(std::move(r));
+  }
+  finalize(w);
+  BenchConfig c;
+  c.sim.workers = 4;
+  c.policies = {"kv_cost"};
+  c.progress = false;
+  c.sim.sync_delay_s = 0;
+  for (const ModeChoice mode : {ModeChoice::kApproximate, ModeChoice::kPrecise}) {
+    c.mode = mode;
+    c.sim.replicas = 1;
+    c.sim.sharing = Sharing::kNone;
+    auto one = run_policies(w, c, 1.0);
+    c.sim.replicas = 8;
+    c.sim.sharing = Sharing::kRedis;
+    auto eight = run_policies(w, c, 1.0);
+    ASSERT_TRUE(one && eight);
+    const PolicyResult& a = one->policies[0];
+    const PolicyResult& b = eight->policies[0];
+    EXPECT_GT(a.hit_rate, 0.5);
+    EXPECT_GE(b.hit_rate, 0.97 * a.hit_rate) << static_cast<int>(mode);
+    EXPECT_LE(b.ttft.mean, 1.05 * a.ttft.mean) << static_cast<int>(mode);
+  }
+}
+
 // The debug dump: one CSV per policy run, a header and one line per completed request, with the session's bound
 // worker for session workloads.
 TEST(Simulate, DumpRequestsWritesOneLinePerRequest) {
