@@ -28,13 +28,8 @@ App::App(const std::vector<std::unique_ptr<boost::asio::io_context>>& contexts, 
     : contexts_(contexts), io_(*contexts.front()), config_(std::move(config)) {}
 
 Result<bool> App::start() {
-  std::shared_ptr<const ApiKeys> api_keys;
-  if (!config_.api_keys_file.empty()) {
-    auto keys = ApiKeys::load_file(config_.api_keys_file);
-    if (!keys) return keys.error();
-    LOG_INFO("client API keys: " << keys->size() << " keys from " << config_.api_keys_file);
-    api_keys = std::make_shared<const ApiKeys>(std::move(*keys));
-  }
+  auto api_keys = load_api_keys();
+  if (!api_keys) return api_keys.error();
   if (config_.max_concurrent_requests > 0) {
     admission_ = std::make_shared<Admission>(config_.max_concurrent_requests, config_.max_queued_requests);
   }
@@ -46,6 +41,48 @@ Result<bool> App::start() {
   if (!policy) return policy.error();
   router_ = std::make_unique<Router>(config_, registry_, std::move(*policy), metrics_);
   metrics_.on_collect([this] { collect_metrics(); });
+  watch_registry();
+  for (const auto& io : contexts_) {
+    pools_.push_back(std::make_unique<backends::UpstreamPool>(
+        io->get_executor(), backends::UpstreamPool::Options{ms(config_.connect_timeout_s), 64, std::chrono::seconds(30)}));
+  }
+  if (auto ok = add_configured_workers(); !ok) return ok;
+  // Router replicas: warm (the others' recent predictions, sessions, admin state) before the API listens, so
+  // /ready is not answered before then.
+  if (!config_.shared_state.empty()) {
+    sync_ = std::make_unique<ReplicaSync>(config_, registry_, *router_, metrics_);
+    if (auto ok = sync_->start(); !ok) return ok.error();
+  }
+  make_services(*api_keys);
+  if (auto ok = open_listeners(); !ok) return ok;
+  start_health();
+  if (auto ok = start_discovery(); !ok) return ok;
+  if (config_.metrics_interval_s > 0) {
+    telemetry_ = std::make_shared<backends::TelemetryPoller>(
+        io_.get_executor(), registry_, ms(config_.metrics_interval_s),
+        [this](const backends::Worker& w, const backends::WorkerTelemetry& t) { on_telemetry(w, t); });
+    telemetry_->start();
+  }
+  for (auto& l : api_) l->run();
+  admin_->run();
+  LOG_INFO("kvroute listening on " << api_.front()->local_endpoint() << " (admin " << admin_->local_endpoint()
+                                   << "), policy " << config_.policy << ", " << config_.workers.size() << " workers"
+                                   << (config_.discover.empty() && config_.discover_k8s.empty() ? "" : " plus those discovered") << ", "
+                                   << contexts_.size() << " I/O threads");
+  return true;
+}
+
+Result<std::shared_ptr<const ApiKeys>> App::load_api_keys() const {
+  if (config_.api_keys_file.empty()) return std::shared_ptr<const ApiKeys>();
+  auto keys = ApiKeys::load_file(config_.api_keys_file);
+  if (!keys) return keys.error();
+  LOG_INFO("client API keys: " << keys->size() << " keys from " << config_.api_keys_file);
+  return std::make_shared<const ApiKeys>(std::move(*keys));
+}
+
+// A worker added starts its KV event subscriber (when it names a stream); one removed loses its pooled
+// connections and its subscriber.
+void App::watch_registry() {
   registry_.subscribe({[this](const backends::Worker& w) {
                          if (!w.endpoint().kv_events_endpoint.empty()) start_events(w);
                        },
@@ -63,10 +100,9 @@ Result<bool> App::start() {
                          sub.reset();  // joins its thread outside the lock
                        },
                        {}});
-  for (const auto& io : contexts_) {
-    pools_.push_back(std::make_unique<backends::UpstreamPool>(
-        io->get_executor(), backends::UpstreamPool::Options{ms(config_.connect_timeout_s), 64, std::chrono::seconds(30)}));
-  }
+}
+
+Result<bool> App::add_configured_workers() {
   for (const auto& w : config_.workers) {
     auto ep = backends::parse_worker_url(w.url);
     if (!ep) return ep.error();
@@ -78,12 +114,11 @@ Result<bool> App::start() {
     auto id = registry_.add(*ep);
     if (!id) return id.error();
   }
-  // Router replicas: warm (the others' recent predictions, sessions, admin state) before the API listens, so
-  // /ready is not answered before then.
-  if (!config_.shared_state.empty()) {
-    sync_ = std::make_unique<ReplicaSync>(config_, registry_, *router_, metrics_);
-    if (auto ok = sync_->start(); !ok) return ok.error();
-  }
+  return true;
+}
+
+// One set of request-path services per I/O thread (each with its own upstream pool).
+void App::make_services(const std::shared_ptr<const ApiKeys>& api_keys) {
   tokenize_cache_ = std::make_unique<TokenizeCache>(config_.tokenize_cache_entries);
   backends::OutlierDetector::Options outlier_opts;
   outlier_opts.consecutive_failures = config_.outlier_failures;
@@ -115,9 +150,9 @@ Result<bool> App::start() {
                                                             },
                                                             admission_, api_keys, outliers_.get(), retry_budget_.get()}));
   }
+}
 
-  if (auto ok = open_listeners(); !ok) return ok;
-
+void App::start_health() {
   backends::HealthChecker::Options hopts;
   hopts.interval = ms(config_.health_interval_s);
   hopts.timeout = ms(config_.health_timeout_s);
@@ -140,6 +175,9 @@ Result<bool> App::start() {
                        << "; until then it is taken to serve any model");
   });
   health_->start();
+}
+
+Result<bool> App::start_discovery() {
   const auto report = [](bool warning, const std::string& message) {
     if (warning) {
       LOG_WARN(message);
@@ -154,20 +192,7 @@ Result<bool> App::start() {
     discovery->start();
     discovery_.push_back(std::move(discovery));
   }
-  if (auto ok = start_k8s_discovery(report); !ok) return ok.error();
-  if (config_.metrics_interval_s > 0) {
-    telemetry_ = std::make_shared<backends::TelemetryPoller>(
-        io_.get_executor(), registry_, ms(config_.metrics_interval_s),
-        [this](const backends::Worker& w, const backends::WorkerTelemetry& t) { on_telemetry(w, t); });
-    telemetry_->start();
-  }
-  for (auto& l : api_) l->run();
-  admin_->run();
-  LOG_INFO("kvroute listening on " << api_.front()->local_endpoint() << " (admin " << admin_->local_endpoint()
-                                   << "), policy " << config_.policy << ", " << config_.workers.size() << " workers"
-                                   << (config_.discover.empty() && config_.discover_k8s.empty() ? "" : " plus those discovered") << ", "
-                                   << contexts_.size() << " I/O threads");
-  return true;
+  return start_k8s_discovery(report);
 }
 
 // One API listener per I/O thread, on one address, and the admin listener on the control-plane thread.

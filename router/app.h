@@ -52,7 +52,14 @@ class App {
   boost::asio::ip::tcp::endpoint admin_endpoint() const { return admin_->local_endpoint(); }
 
  private:
+  // start()'s steps, in order.
+  Result<std::shared_ptr<const ApiKeys>> load_api_keys() const;
+  void watch_registry();
+  Result<bool> add_configured_workers();
+  void make_services(const std::shared_ptr<const ApiKeys>& api_keys);
   Result<bool> open_listeners();
+  void start_health();
+  Result<bool> start_discovery();  // DNS and Kubernetes discovery
   // One K8sDiscovery per --discover-k8s Service (an error: the in-cluster API is not there).
   Result<bool> start_k8s_discovery(const backends::K8sDiscovery::Report& report);
   // Precise mode: subscribes to a worker's KV events once its model (the events' namespace) is known.

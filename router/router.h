@@ -180,6 +180,22 @@ class Router {
     hashing::WorkerId worker;
     std::chrono::steady_clock::time_point last_used;
   };
+  // route()'s phases (router/route.cc): the candidate workers and their views, what the policy reads, and
+  // what the decision changes.
+  struct Session {
+    std::uint64_t hash = 0;  // session_hash() of the key; 0 without a session
+    std::string id;          // the hash in hex, the key of the bindings
+  };
+  Result<bool> candidates(const RoutableRequest& request, const backends::WorkerList& workers,
+                          std::span<const hashing::WorkerId> exclude, std::vector<policy::WorkerView>& views,
+                          std::vector<std::uint64_t>& capacity, std::optional<std::size_t>& owner_at);
+  void context(const RoutableRequest& request, const std::vector<policy::WorkerView>& views,
+               hashing::PrefixIndex::Match& match, policy::RoutingContext& ctx, Session& session);
+  void commit(Decision& d, const RoutableRequest& request, const policy::RoutingContext& ctx, const Session& session);
+  // Seconds on the steady clock, the time ComputingPrefixes is given.
+  static double seconds_since_epoch(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+  }
   void match_prefix(const RoutableRequest& request, hashing::PrefixIndex::Match& out) const;
   // Load shedding, for a sheddable request: keeps only the candidates with room (--shed-queue-depth,
   // --shed-kv-usage), so it adds nothing to a saturated worker's queue; false when none has room. The
