@@ -30,6 +30,6 @@ if [ "$what" = tsan ] || [ "$what" = all ]; then
   cmake --build build-tsan -j"$jobs" --target kvroute kvroute-sim "${tests[@]}"
   pattern=$(IFS='|'; echo "^(${tests[*]})\$")
   (cd build-tsan &&
-    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/../scripts/tsan.supp" \
     ctest --output-on-failure -j1 -R "$pattern" "$@")
 fi
