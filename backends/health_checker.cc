@@ -77,8 +77,12 @@ void HealthChecker::on_result(std::shared_ptr<Worker> worker, std::optional<bool
   if (worker->removed()) return;  // its id may be another worker's by now
   State& s = state(*worker);
   s.in_progress = false;
-  if (!ok) return;  // no verdict
+  if (!ok) {  // no verdict
+    s.urgent = false;
+    return;
+  }
   if (*ok) {
+    s.urgent = false;
     s.failures = 0;
     ++s.successes;
     bool back = false;
@@ -100,6 +104,8 @@ void HealthChecker::on_result(std::shared_ptr<Worker> worker, std::optional<bool
       worker->set_healthy(false);
       if (on_change_) on_change_(*worker, false);
     }
+    if (s.urgent && worker->healthy() && !stopped_) return check(worker);
+    s.urgent = false;
   }
 }
 
@@ -122,6 +128,19 @@ void HealthChecker::refresh_models(WorkerId id, std::function<void()> done) {
       return;
     }
     self->read_models(std::move(worker), std::move(done));
+  });
+}
+
+void HealthChecker::check_now(WorkerId id) {
+  boost::asio::post(strand_, [self = shared_from_this(), id] {
+    auto worker = self->registry_.find(id);
+    if (self->stopped_ || !worker || worker->removed() || !worker->healthy()) return;
+    State& s = self->state(*worker);
+    const auto now = std::chrono::steady_clock::now();
+    if (s.urgent || now - s.urgent_at < self->options_.timeout) return;
+    s.urgent = true;
+    s.urgent_at = now;
+    self->check(std::move(worker));  // a check under way already: its result is acted on as urgent
   });
 }
 

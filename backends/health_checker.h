@@ -59,6 +59,12 @@ class HealthChecker : public std::enable_shared_from_this<HealthChecker> {
   // Reads the worker's /v1/models now (its models changed, say a LoRA adapter was loaded), then calls `done`
   // (on the checker's strand; also when the worker is gone). Any thread.
   void refresh_models(WorkerId id, std::function<void()> done);
+  // Checks the worker now, out of turn, and again at once while its checks fail, until it is out of rotation or
+  // passes one: for a worker whose connections the router saw break, or that outlier detection ejected. A
+  // crashed worker refuses the check at once, so it is out of rotation within a few round trips instead of
+  // unhealthy_threshold intervals later (where, ejected meanwhile, it would hold a place in the ejection cap).
+  // At most one such check per worker per `timeout`. Any thread.
+  void check_now(WorkerId id);
 
  private:
   struct State {
@@ -68,6 +74,8 @@ class HealthChecker : public std::enable_shared_from_this<HealthChecker> {
     bool in_progress = false;
     bool models_in_progress = false;
     bool models_refused = false;  // the last /v1/models read was refused (reported once)
+    bool urgent = false;          // check_now: failed checks are repeated at once until a verdict
+    std::chrono::steady_clock::time_point urgent_at{};  // last check_now acted on
     std::chrono::steady_clock::time_point models_at{};  // last read of /v1/models; epoch: never
   };
   void tick();

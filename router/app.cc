@@ -130,6 +130,7 @@ void App::make_services(const std::shared_ptr<const ApiKeys>& api_keys) {
                            << "rotation for " << std::chrono::duration_cast<std::chrono::seconds>(lasts).count()
                            << " s (ejection " << w.ejections() << ")");
         metrics_.ejected();
+        if (health_) health_->check_now(w.id());  // a crashed worker is then out of rotation, and out of the cap
       });
   retry_budget_ = std::make_unique<RetryBudget>(
       RetryBudget::Options{config_.max_retries, config_.retry_budget_percent, RetryBudget::Options{}.min_concurrency});
@@ -148,7 +149,10 @@ void App::make_services(const std::shared_ptr<const ApiKeys>& api_keys) {
                                                               if (health_) return health_->refresh_models(id, std::move(done));
                                                               if (done) done();
                                                             },
-                                                            admission_, api_keys, outliers_.get(), retry_budget_.get()}));
+                                                            admission_, api_keys, outliers_.get(), retry_budget_.get(),
+                                                            [this](backends::Worker& w) {
+                                                              if (health_) health_->check_now(w.id());
+                                                            }}));
   }
 }
 

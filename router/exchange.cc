@@ -89,9 +89,10 @@ void Exchange::on_connect(beast::error_code ec, backends::UpstreamPool::Lease le
   deadline_.set(now + seconds(svc_.config.request_timeout_s), client_.weak_from_this());
   watch_.set(now + kWatchClientAfter, client_.weak_from_this());
   // A stream's head comes before its first token (vLLM, SGLang), so its wait is bounded well below the whole
-  // exchange's; a whole (unstreamed) answer comes only after the last token, and has --request-timeout alone.
-  first_byte_armed_ = observer_.streamed();
-  if (first_byte_armed_) first_byte_.set(now + seconds(svc_.config.first_byte_timeout_s), client_.weak_from_this());
+  // exchange's. A whole (unstreamed) answer comes only after the last token, so no such bound fits it; its wait
+  // looks at the worker every --health-interval instead (on_first_byte_due).
+  first_byte_.set(now + seconds(observer_.streamed() ? svc_.config.first_byte_timeout_s : svc_.config.health_interval_s),
+                  client_.weak_from_this());
   Pieces out;
   out.add(up_head_.data(), up_head_.size());
   out.add(up_body_view_.data(), up_body_view_.size());
@@ -332,15 +333,31 @@ void Exchange::on_deadline() {
 }
 
 // A streamed request's worker has sent no head within --first-byte-timeout: a failure of the worker's (a hung
-// engine passes its health checks), which another worker may make up for.
+// engine passes its health checks), which another worker may make up for. An unstreamed request still waiting
+// for its answer goes to another worker when its own was taken out of rotation meanwhile (ejected by the
+// failures of other requests, or failing its health checks), if another worker may take it; else it waits on.
+// A hung worker then holds unstreamed requests until it is found out, not for the whole --request-timeout.
 void Exchange::on_first_byte_due() {
-  if (!lease_.stream || !awaiting_head_ || !first_byte_armed_) return;
+  if (!lease_.stream || !awaiting_head_) return;
+  if (observer_.streamed()) {
+    close_upstream();
+    return failed({FailedAt::kBeforeFirstByte,
+                   "worker " + worker_->name() + " sent no response head within --first-byte-timeout (" +
+                       fmt_seconds(svc_.config.first_byte_timeout_s) + ")",
+                   504, "worker_timeout", true, RouterMetrics::RetryKind::kFirstByteTimeout},
+                  false);
+  }
+  const bool out = !worker_->healthy() || worker_->ejected();
+  if (!out || !events_.may_retry()) {
+    return first_byte_.set(std::chrono::steady_clock::now() + seconds(svc_.config.health_interval_s),
+                           client_.weak_from_this());
+  }
   close_upstream();
   failed({FailedAt::kBeforeFirstByte,
-          "worker " + worker_->name() + " sent no response head within --first-byte-timeout (" +
-              fmt_seconds(svc_.config.first_byte_timeout_s) + ")",
-          504, "worker_timeout", true, RouterMetrics::RetryKind::kFirstByteTimeout},
-         false);
+          "worker " + worker_->name() + " was taken out of rotation (" +
+              (worker_->healthy() ? "ejected" : "failing its health checks") + ") before it answered",
+          502, "worker_unavailable", true, RouterMetrics::RetryKind::kLeftRotation},
+         false, /*worker_fault=*/false);
 }
 
 // The exchange under way has run kWatchClientAfter: its client is watched from now on.
@@ -380,6 +397,7 @@ void Exchange::failed(ExchangeFailure failure, bool retry_fresh, bool worker_fau
     if (!counted) {
       count_failure(RouterMetrics::WorkerFailure::kBroken);
       outlier(false);
+      if (svc_.worker_broke && !worker_->removed()) svc_.worker_broke(*worker_);
     }
     // A reset or an unanswered stream: another worker may serve it. Not --request-timeout: its time is spent.
     if (failure.status != 504 || failure.kind == RouterMetrics::RetryKind::kFirstByteTimeout) failure.retryable = true;
@@ -394,6 +412,7 @@ void Exchange::broke_off(beast::error_code ec) {
   std::string why = "worker " + worker_->name() + " broke off the response: " + ec.message();
   count_failure(RouterMetrics::WorkerFailure::kBroken);
   outlier(false);
+  if (svc_.worker_broke && !worker_->removed()) svc_.worker_broke(*worker_);
   svc_.metrics.stream_cut();
   retry_ticket_.reset();
   // Framed for the client: chunked, or delimited by the connection's end (HTTP/1.0). Not while a write is

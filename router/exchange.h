@@ -135,10 +135,9 @@ class Exchange {
   std::shared_ptr<boost::beast::tcp_stream> orphan_;  // the upstream connection cancel() closed
   LazyDeadline deadline_;  // --request-timeout
   LazyDeadline watch_;     // kWatchClientAfter
-  LazyDeadline first_byte_;  // --first-byte-timeout, for streamed requests
+  LazyDeadline first_byte_;  // --first-byte-timeout for streamed requests, --health-interval for the others
   RetryBudget::Ticket retry_ticket_;
   bool awaiting_head_ = false;  // the worker has not answered yet
-  bool first_byte_armed_ = false;  // ... and this exchange is bounded by --first-byte-timeout
   bool event_stream_ = false;   // the response is server-sent events
   bool down_writing_ = false;   // a write to the client is under way
   std::string cut_event_;       // the error event ending a cut stream (written only then)

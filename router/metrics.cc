@@ -188,13 +188,15 @@ RouterMetrics::RouterMetrics()
   auto& retries = counters(*registry_, "kvroute_retries_total",
                            "Requests sent again: to another worker after theirs could not be connected to (kind=\"reroute\"), answered "
                            "502, 503 or 504 (kind=\"status\"), reset or closed the connection (kind=\"broken\") or sent no response "
-                           "head within --first-byte-timeout (kind=\"first_byte_timeout\"), all before any byte reached the client; or "
+                           "head within --first-byte-timeout (kind=\"first_byte_timeout\"), or was taken out of rotation while an unstreamed "
+                           "request waited for its answer (kind=\"left_rotation\"), all before any byte reached the client; or "
                            "to the same worker on a fresh connection after a pooled one turned out closed (kind=\"fresh_connection\")");
   reroutes_ = &retries.Add({{"kind", "reroute"}});
   retries_fresh_ = &retries.Add({{"kind", "fresh_connection"}});
   retries_status_ = &retries.Add({{"kind", "status"}});
   retries_broken_ = &retries.Add({{"kind", "broken"}});
   retries_first_byte_ = &retries.Add({{"kind", "first_byte_timeout"}});
+  retries_left_rotation_ = &retries.Add({{"kind", "left_rotation"}});
   retry_budget_exhausted_ = counter(*registry_, "kvroute_retry_budget_exhausted_total",
                                     "Retries not made because the retry budget was spent (--retry-budget-percent)");
   ejections_ = counter(*registry_, "kvroute_worker_ejections_total",
@@ -343,6 +345,7 @@ void RouterMetrics::retried(RetryKind kind) {
     case RetryKind::kStatus: return retries_status_->Increment();
     case RetryKind::kBroken: return retries_broken_->Increment();
     case RetryKind::kFirstByteTimeout: return retries_first_byte_->Increment();
+    case RetryKind::kLeftRotation: return retries_left_rotation_->Increment();
   }
 }
 

@@ -126,7 +126,7 @@ class RouterMetrics {
   void rerouted() { reroutes_->Increment(); }
   void retried_fresh() { retries_fresh_->Increment(); }
   // Why a request was sent to another worker before any byte reached its client (kvroute_retries_total's kind).
-  enum class RetryKind { kStatus, kBroken, kFirstByteTimeout };
+  enum class RetryKind { kStatus, kBroken, kFirstByteTimeout, kLeftRotation };
   void retried(RetryKind kind);
   // A retry that was not made: the retry budget was spent (router/retry_budget.h).
   void retry_budget_exhausted() { retry_budget_exhausted_->Increment(); }
@@ -268,6 +268,7 @@ class RouterMetrics {
   prometheus::Counter* retries_status_;
   prometheus::Counter* retries_broken_;
   prometheus::Counter* retries_first_byte_;
+  prometheus::Counter* retries_left_rotation_;
   prometheus::Counter* retry_budget_exhausted_;
   prometheus::Counter* ejections_;
   prometheus::Gauge* workers_ejected_;

@@ -84,6 +84,9 @@ struct Services {
   // Failover, shared by every thread (docs/reliability.md, "Failures").
   backends::OutlierDetector* outliers = nullptr;
   RetryBudget* retries = nullptr;
+  // A worker whose connection broke (reset, or a response cut off): its health is checked at once
+  // (HealthChecker::check_now), so a crashed worker leaves rotation before its next scheduled check.
+  std::function<void(backends::Worker&)> worker_broke;
 };
 
 }  // namespace kvroute::router

@@ -107,6 +107,43 @@ TEST_F(Failover, AWorkerThatNeverAnswersCostsAFirstByteTimeoutNotTheRequestTimeo
   EXPECT_EQ(metric("kvroute_workers_ejected"), 1) << "five timeouts in a row eject it";
 }
 
+// An unstreamed answer comes only after its last token, so no first-byte bound fits it; but once its worker is
+// ejected (here by a stream's first-byte timeout), the unstreamed request waiting on it goes to another worker
+// at its next look (every --health-interval), not after the whole --request-timeout.
+TEST_F(Failover, AnUnstreamedRequestLeavesAWorkerEjectedWhileItWaits) {
+  int good = 0, hung = 0;
+  Process g = sim({"--speed", "50"}, good, "good2");
+  Process h = sim({"--fault", "hang"}, hung, "hang2");
+  start_router({good, hung}, {"--policy", "round_robin", "--first-byte-timeout", "1", "--outlier-failures", "1",
+                              "--health-interval", "0.5", "--request-timeout", "60"});
+  // Round robin sends one of the two to each worker: one waits on the hung worker.
+  std::vector<HttpResponse> whole(2);
+  std::vector<double> took(2);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back([&, i] {
+      const auto t0 = std::chrono::steady_clock::now();
+      whole[i] = http(api_, "POST", "/v1/chat/completions", chat("whole " + std::to_string(i), 4, false));
+      took[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  }
+  std::this_thread::sleep_for(300ms);
+  // Streams until one meets the hung worker: its first-byte timeout ejects it.
+  for (int i = 0; i < 4 && metric("kvroute_workers_ejected") == 0; ++i) {
+    std::string body;
+    auto r = http_stream(api_, "POST", "/v1/chat/completions", chat("probe " + std::to_string(i), 4, true), {},
+                         [&](const std::string& piece, auto) { body += piece; });
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+  ASSERT_EQ(metric("kvroute_workers_ejected"), 1);
+  for (auto& c : clients) c.join();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(whole[i].status, 200) << whole[i].body;
+    EXPECT_LT(took[i], 10.0) << "request " << i << " waited on the ejected worker";
+  }
+  EXPECT_EQ(metric("kvroute_retries_total{kind=\"left_rotation\"}"), 1);
+}
+
 TEST_F(Failover, AWorkerKilledMidStreamEndsTheStreamWithAnErrorEvent) {
   int port = 0;
   Process w = sim({"--speed", "1"}, port, "killed");
@@ -135,6 +172,37 @@ TEST_F(Failover, AWorkerKilledMidStreamEndsTheStreamWithAnErrorEvent) {
   const std::string line = log.substr(at, log.find('\n', at) - at);
   EXPECT_NE(line.find("\"outcome\":\"stream_cut\""), std::string::npos) << line;
   EXPECT_NE(line.find("\"error\":\"stream_interrupted\""), std::string::npos) << line;
+}
+
+// A worker killed mid-stream is checked at once, not at its next health check (60 s away here): out of
+// rotation within a second, so no request is sent to it meanwhile and no ejection is spent on it.
+TEST_F(Failover, AWorkerKilledMidStreamLeavesRotationAtOnce) {
+  int port = 0;
+  Process w = sim({"--speed", "1"}, port, "crashed");
+  start_router({port}, {"--health-interval", "60"});
+  bool killed = false;
+  std::string body;
+  http_stream(api_, "POST", "/v1/chat/completions", chat("a long answer", 4000, true), {},
+              [&](const std::string& piece, auto) {
+                body += piece;
+                if (!killed && body.find("data: {") != std::string::npos) {
+                  killed = true;
+                  w.kill_now();
+                }
+              });
+  ASSERT_TRUE(killed) << body;
+  const auto killed_at = std::chrono::steady_clock::now();
+  bool out = false;
+  while (!out && std::chrono::steady_clock::now() - killed_at < 5s) {
+    out = http(admin_, "GET", "/admin/workers").body.find("\"healthy\":false") != std::string::npos;
+    if (!out) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(out) << "still in rotation 5 s after it was killed: " << http(admin_, "GET", "/admin/workers").body;
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 1s);
+  auto r = http(api_, "POST", "/v1/chat/completions", chat("anyone there", 2, false));
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_NE(r.body.find("no_healthy_worker"), std::string::npos) << r.body;
+  EXPECT_NE(read_file(log_).find("failed its health checks"), std::string::npos);
 }
 
 // Sockets in CLOSE-WAIT whose peer is 127.0.0.1:port, from the kernel's table (the router's network namespace).
