@@ -70,15 +70,8 @@ std::pair<int, std::string> curl(const std::string& url, const std::string& args
 class RecordingWorker {
  public:
   RecordingWorker() : port_(free_port()) {
-    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    const int one = 1;
-    ::setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<std::uint16_t>(port_));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    EXPECT_EQ(::listen(listener_, 64), 0);
+    listener_ = listen_loopback(port_);
+    EXPECT_GE(listener_, 0);
     thread_ = std::thread([this] { serve(); });
   }
   ~RecordingWorker() {

@@ -82,15 +82,9 @@ class Redis {
 class DelayingProxy {
  public:
   DelayingProxy(int upstream, std::chrono::milliseconds delay) : upstream_(upstream), delay_(delay) {
-    listen_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    const int one = 1;
-    ::setsockopt(listen_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     port_ = free_port();
-    a.sin_port = htons(static_cast<std::uint16_t>(port_));
-    if (::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_, 64) != 0) port_ = -1;
+    listen_ = listen_loopback(port_);
+    if (listen_ < 0) port_ = -1;
     acceptor_ = std::thread([this] { accept_loop(); });
   }
   ~DelayingProxy() {
@@ -110,14 +104,9 @@ class DelayingProxy {
     while (!stop_) {
       const int c = ::accept(listen_, nullptr, nullptr);
       if (c < 0) return;
-      const int u = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      a.sin_port = htons(static_cast<std::uint16_t>(upstream_));
-      if (::connect(u, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      const int u = connect_loopback(upstream_);
+      if (u < 0) {
         ::close(c);
-        ::close(u);
         continue;
       }
       std::lock_guard lock(mu_);

@@ -777,13 +777,9 @@ TEST(RouterE2E, HeldRequestBodiesAreBounded) {
     for (int i = 0; i < 9000; ++i) words += "word ";
     return chat_body(json::array{json::object{{"role", "user"}, {"content", tag + " " + words}}}, 1);
   };
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(fleet.api()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   // A client that declares 8 MB and sends none of it holds nothing: a 45 KB request is served meanwhile.
-  const int idle = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_EQ(::connect(idle, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int idle = connect_loopback(fleet.api());
+  ASSERT_GE(idle, 0);
   const std::string declared = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 8000000\r\n\r\n";
   ASSERT_EQ(::send(idle, declared.data(), declared.size(), 0), static_cast<ssize_t>(declared.size()));
   std::this_thread::sleep_for(100ms);
@@ -796,8 +792,8 @@ TEST(RouterE2E, HeldRequestBodiesAreBounded) {
   // A: its head and 40 KB of its 45 KB body; the rest comes later. What it holds, 40 KB and a 16 KB read's
   // worth, leaves no room for another 45 KB body and its read (90 KB in all is the limit).
   const std::string a = body("first");
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int fd = connect_loopback(fleet.api());
+  ASSERT_GE(fd, 0);
   const std::string head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                            "Content-Length: " + std::to_string(a.size()) + "\r\n\r\n";
   const std::string start = head + a.substr(0, 40000);
@@ -1113,12 +1109,8 @@ double cpu_seconds_in(pid_t pid, std::chrono::milliseconds span) {
 std::vector<int> idle_connections(int port, int n) {
   std::vector<int> fds;
   for (int i = 0; i < n; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<std::uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << "connection " << i;
+    const int fd = connect_loopback(port);
+    EXPECT_GE(fd, 0) << "connection " << i;
     fds.push_back(fd);
   }
   return fds;
@@ -1241,15 +1233,8 @@ TEST(RouterE2E, ExpectContinueIsAnsweredByTheRouter) {
 class RawWorker {
  public:
   explicit RawWorker(std::string answer) : answer_(std::move(answer)), port_(free_port()) {
-    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    const int one = 1;
-    ::setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<std::uint16_t>(port_));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    EXPECT_EQ(::listen(listener_, 16), 0);
+    listener_ = listen_loopback(port_, 16);
+    EXPECT_GE(listener_, 0);
     thread_ = std::thread([this] { serve(); });
   }
   ~RawWorker() {
@@ -1873,13 +1858,8 @@ TEST(RouterE2E, WorkerApiKeyMissingIsReported) {
 // answers), further requests naming unknown ids are routed without one.
 TEST(RouterE2E, ResponseLookupsAreBounded) {
   const int silent_port = free_port(), api = free_port(), admin = free_port();
-  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(silent_port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(::listen(silent, 1024), 0);  // the kernel completes connections; nothing ever reads them
+  const int silent = listen_loopback(silent_port, 1024);  // the kernel completes connections; nothing reads them
+  ASSERT_GE(silent, 0);
   Process router = Process::start({bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api), "--admin-listen",
                                    "127.0.0.1:" + std::to_string(admin), "--worker",
                                    "http://127.0.0.1:" + std::to_string(silent_port), "--health-timeout", "3",

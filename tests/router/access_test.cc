@@ -7,18 +7,13 @@
 
 #include "router/client_stream.h"
 #include "router/config.h"
+#include "tests/router/load_args.h"
 
 namespace kvroute::router {
 namespace {
 
-Result<Config> parse(std::vector<std::string> args) {
-  std::vector<const char*> argv{"kvroute"};
-  for (auto& a : args) argv.push_back(a.c_str());
-  return load_config(static_cast<int>(argv.size()), argv.data());
-}
-
 TEST(AccessConfig, DefaultsMatchTheDocumentation) {
-  auto c = parse({});
+  auto c = load_args({});
   ASSERT_TRUE(c);
   EXPECT_DOUBLE_EQ(c->header_timeout_s, 10);
   EXPECT_EQ(c->max_concurrent_requests, 0u);  // no cap
@@ -29,7 +24,7 @@ TEST(AccessConfig, DefaultsMatchTheDocumentation) {
 }
 
 TEST(AccessConfig, Flags) {
-  auto c = parse({"--header-read-timeout", "2.5", "--max-concurrent-requests=64", "--max-queued-requests", "0",
+  auto c = load_args({"--header-read-timeout", "2.5", "--max-concurrent-requests=64", "--max-queued-requests", "0",
                   "--queue-timeout", "0.5", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--admin-tls", "false"});
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_DOUBLE_EQ(c->header_timeout_s, 2.5);
@@ -39,9 +34,9 @@ TEST(AccessConfig, Flags) {
   EXPECT_EQ(c->tls_cert, "c.pem");
   EXPECT_EQ(c->tls_key, "k.pem");
   EXPECT_FALSE(c->admin_tls);
-  EXPECT_FALSE(parse({"--header-read-timeout", "0"}));
-  EXPECT_FALSE(parse({"--max-concurrent-requests", "-1"}));
-  EXPECT_FALSE(parse({"--queue-timeout", "never"}));
+  EXPECT_FALSE(load_args({"--header-read-timeout", "0"}));
+  EXPECT_FALSE(load_args({"--max-concurrent-requests", "-1"}));
+  EXPECT_FALSE(load_args({"--queue-timeout", "never"}));
 }
 
 TEST(TlsContext, RefusesMissingFilesAndAKeyOfAnotherCertificate) {

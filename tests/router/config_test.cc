@@ -1,4 +1,5 @@
 #include "router/config.h"
+#include "tests/router/load_args.h"
 
 #include <cstdlib>
 #include <fstream>
@@ -8,14 +9,8 @@
 namespace kvroute::router {
 namespace {
 
-Result<Config> parse(std::vector<std::string> args) {
-  std::vector<const char*> argv{"kvroute"};
-  for (auto& a : args) argv.push_back(a.c_str());
-  return load_config(static_cast<int>(argv.size()), argv.data());
-}
-
 TEST(Config, DefaultsMatchTheDocumentation) {
-  auto c = parse({});
+  auto c = load_args({});
   ASSERT_TRUE(c);
   EXPECT_EQ(c->listen, "0.0.0.0:8080");
   EXPECT_EQ(c->admin_listen, "127.0.0.1:9090");
@@ -34,29 +29,29 @@ TEST(Config, DefaultsMatchTheDocumentation) {
 }
 
 TEST(Config, PrefixHold) {
-  auto c = parse({"--prefix-hold", "0"});
+  auto c = load_args({"--prefix-hold", "0"});
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_DOUBLE_EQ(c->prefix_hold_s, 0);  // never holds
-  c = parse({"--prefix-hold=1.5"});
+  c = load_args({"--prefix-hold=1.5"});
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_DOUBLE_EQ(c->prefix_hold_s, 1.5);
-  EXPECT_FALSE(parse({"--prefix-hold", "-1"}));
-  EXPECT_FALSE(parse({"--prefix-hold", "soon"}));
+  EXPECT_FALSE(load_args({"--prefix-hold", "-1"}));
+  EXPECT_FALSE(load_args({"--prefix-hold", "soon"}));
 }
 
 TEST(Config, SheddingThresholds) {
-  auto c = parse({"--shed-queue-depth", "2", "--shed-kv-usage=0.95", "--priority-header", "x-priority"});
+  auto c = load_args({"--shed-queue-depth", "2", "--shed-kv-usage=0.95", "--priority-header", "x-priority"});
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_EQ(c->shed_queue_depth, 2u);
   EXPECT_DOUBLE_EQ(c->shed_kv_usage, 0.95);
   EXPECT_EQ(c->priority_header, "x-priority");
-  EXPECT_FALSE(parse({"--shed-kv-usage", "1.5"}));
-  EXPECT_FALSE(parse({"--shed-queue-depth", "0"}));
-  EXPECT_FALSE(parse({"--priority-header="}));
+  EXPECT_FALSE(load_args({"--shed-kv-usage", "1.5"}));
+  EXPECT_FALSE(load_args({"--shed-queue-depth", "0"}));
+  EXPECT_FALSE(load_args({"--priority-header="}));
 }
 
 TEST(Config, FlagsInBothForms) {
-  auto c = parse({"--listen", "127.0.0.1:1234", "--policy=round_robin", "--worker", "http://127.0.0.1:8001",
+  auto c = load_args({"--listen", "127.0.0.1:1234", "--policy=round_robin", "--worker", "http://127.0.0.1:8001",
                   "--worker=http://localhost:8002/", "--session-ttl", "30", "--worker-max-seqs=1024"});
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_EQ(c->listen, "127.0.0.1:1234");
@@ -72,7 +67,7 @@ TEST(Config, YamlFileThenFlagsOverride) {
   std::ofstream(path) << "policy: cache_aware\nlisten: 127.0.0.1:7000\nworkers:\n  - http://127.0.0.1:9001\n"
                          "  - url: http://127.0.0.1:9002\n    kv_events: tcp://127.0.0.1:5557\nhealth_interval: 0.5\n"
                          "worker_max_seqs: 512\nmax_sessions: 1000\n";
-  auto c = parse({"--config", path, "--listen", "127.0.0.1:7001"});
+  auto c = load_args({"--config", path, "--listen", "127.0.0.1:7001"});
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_EQ(c->policy, "cache_aware");
   EXPECT_EQ(c->listen, "127.0.0.1:7001");
@@ -82,26 +77,26 @@ TEST(Config, YamlFileThenFlagsOverride) {
   EXPECT_EQ(c->worker_max_seqs, 512u);
   EXPECT_EQ(c->max_sessions, 1000u);
   // --worker flags replace the file's list.
-  c = parse({"--config", path, "--worker", "http://127.0.0.1:9009"});
+  c = load_args({"--config", path, "--worker", "http://127.0.0.1:9009"});
   ASSERT_TRUE(c);
   ASSERT_EQ(c->workers.size(), 1u);
 }
 
 TEST(Config, WorkerAttributesForPreciseMode) {
-  auto c = parse({"--worker", "http://127.0.0.1:8001,kv_events=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558,model=m,dp=2"});
+  auto c = load_args({"--worker", "http://127.0.0.1:8001,kv_events=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558,model=m,dp=2"});
   ASSERT_TRUE(c) << c.error().message;
   ASSERT_EQ(c->workers.size(), 1u);
   EXPECT_EQ(c->workers[0].kv_events, "tcp://127.0.0.1:5557");
   EXPECT_EQ(c->workers[0].kv_events_replay, "tcp://127.0.0.1:5558");
   EXPECT_EQ(c->workers[0].model, "m");
   EXPECT_EQ(c->workers[0].dp_size, 2u);
-  auto bad = parse({"--worker", "http://127.0.0.1:8001,events=x"});
+  auto bad = load_args({"--worker", "http://127.0.0.1:8001,events=x"});
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message.find("unknown worker attribute 'events'"), std::string::npos);
 }
 
 TEST(Config, DiscoverNamesFromFlagsAndYaml) {
-  auto c = parse({"--discover", "vllm.inference.svc.cluster.local:8000,kv_events_port=5557,replay_port=5558,model=m",
+  auto c = load_args({"--discover", "vllm.inference.svc.cluster.local:8000,kv_events_port=5557,replay_port=5558,model=m",
                   "--discover=[fd00::1]:9000", "--discover-interval", "2"});
   ASSERT_TRUE(c) << c.error().message;
   ASSERT_EQ(c->discover.size(), 2u);
@@ -116,14 +111,14 @@ TEST(Config, DiscoverNamesFromFlagsAndYaml) {
   ASSERT_TRUE(y) << y.error().message;
   ASSERT_EQ(y->discover.size(), 2u);
   EXPECT_EQ(y->discover[1].kv_events_port, 5557);
-  EXPECT_NE(parse({"--discover", "a.b"}).error().message.find("HOST:PORT"), std::string::npos);
-  EXPECT_NE(parse({"--discover", "a.b:80,kv_port=1"}).error().message.find("unknown attribute 'kv_port'"), std::string::npos);
-  EXPECT_NE(parse({"--discover", "a.b:80,kv_events_port=0"}).error().message.find("kv_events_port"), std::string::npos);
+  EXPECT_NE(load_args({"--discover", "a.b"}).error().message.find("HOST:PORT"), std::string::npos);
+  EXPECT_NE(load_args({"--discover", "a.b:80,kv_port=1"}).error().message.find("unknown attribute 'kv_port'"), std::string::npos);
+  EXPECT_NE(load_args({"--discover", "a.b:80,kv_events_port=0"}).error().message.find("kv_events_port"), std::string::npos);
   EXPECT_NE(apply_yaml({}, "discover: a.b:80", "f.yaml").error().message.find("must be a list"), std::string::npos);
 }
 
 TEST(Config, DiscoverK8sServicesFromFlagsAndYaml) {
-  auto c = parse({"--discover-k8s", "llm/vllm:http,kv_events_port=5557,model=m", "--discover-k8s=sglang",
+  auto c = load_args({"--discover-k8s", "llm/vllm:http,kv_events_port=5557,model=m", "--discover-k8s=sglang",
                   "--k8s-api-url", "http://127.0.0.1:8001", "--k8s-token-file", "/t", "--k8s-ca-file", "/c"});
   ASSERT_TRUE(c) << c.error().message;
   ASSERT_EQ(c->discover_k8s.size(), 2u);
@@ -142,8 +137,8 @@ TEST(Config, DiscoverK8sServicesFromFlagsAndYaml) {
   ASSERT_TRUE(y) << y.error().message;
   ASSERT_EQ(y->discover_k8s.size(), 1u);
   EXPECT_EQ(y->discover_k8s[0].port_name, "http");
-  EXPECT_NE(parse({"--discover-k8s", "LLM/Vllm"}).error().message.find("[NAMESPACE/]SERVICE[:PORT_NAME]"), std::string::npos);
-  EXPECT_NE(parse({"--discover-k8s", "llm/vllm,replay=1"}).error().message.find("unknown attribute 'replay'"), std::string::npos);
+  EXPECT_NE(load_args({"--discover-k8s", "LLM/Vllm"}).error().message.find("[NAMESPACE/]SERVICE[:PORT_NAME]"), std::string::npos);
+  EXPECT_NE(load_args({"--discover-k8s", "llm/vllm,replay=1"}).error().message.find("unknown attribute 'replay'"), std::string::npos);
 }
 
 TEST(Config, ErrorsNameTheOptionAndValue) {
@@ -165,7 +160,7 @@ TEST(Config, ErrorsNameTheOptionAndValue) {
       {{"--config", "/nonexistent/kvroute.yaml"}, "cannot read"},
   };
   for (const auto& c : cases) {
-    auto r = parse(c.args);
+    auto r = load_args(c.args);
     ASSERT_FALSE(r) << c.args[0];
     EXPECT_NE(r.error().message.find(c.expect), std::string::npos) << r.error().message;
   }
@@ -173,15 +168,15 @@ TEST(Config, ErrorsNameTheOptionAndValue) {
 
 TEST(Config, WorkerApiKeyFromTheEnvironmentOrAFlag) {
   ::setenv("KVROUTE_WORKER_API_KEY", "from-env", 1);
-  auto c = parse({});
+  auto c = load_args({});
   ASSERT_TRUE(c);
   EXPECT_EQ(c->worker_api_key, "from-env");
   EXPECT_EQ(c->worker_authorization(), "Bearer from-env");
-  c = parse({"--worker-api-key", "from-flag"});
+  c = load_args({"--worker-api-key", "from-flag"});
   ASSERT_TRUE(c);
   EXPECT_EQ(c->worker_api_key, "from-flag");
   ::unsetenv("KVROUTE_WORKER_API_KEY");
-  c = parse({});
+  c = load_args({});
   ASSERT_TRUE(c);
   EXPECT_TRUE(c->worker_authorization().empty());  // no key, no header
 }

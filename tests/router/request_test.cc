@@ -35,7 +35,7 @@ TEST(Request, ChatFieldsAndChain) {
 }
 
 TEST(Request, SessionHeaderWinsOverUser) {
-  auto r = chat(R"({"model":"m","user":"u1","messages":[{"role":"user","content":"x"}]})", {"s-9", ""});
+  auto r = chat(R"({"model":"m","user":"u1","messages":[{"role":"user","content":"x"}]})", {"s-9", "", ""});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->session_key, "s-9");
 }
@@ -71,7 +71,7 @@ TEST(Request, CacheSaltAndTenantSeparateNamespaces) {
   auto dropped = completion(R"({"model":"m","prompt":")" + text + R"(","cache_salt":"a"})");
   ASSERT_TRUE(dropped);
   EXPECT_EQ(dropped->chain.hashes[0], c->chain.hashes[0]);
-  auto t1 = parse_request(Endpoint::kCompletions, R"({"model":"m","prompt":")" + text + R"("})", {"", "tenant-1"}, {});
+  auto t1 = parse_request(Endpoint::kCompletions, R"({"model":"m","prompt":")" + text + R"("})", {"", "tenant-1", ""}, {});
   ASSERT_TRUE(t1);
   EXPECT_NE(t1->chain.hashes[0], c->chain.hashes[0]);
 }

@@ -42,6 +42,11 @@ int free_ports(int n);
 
 bool wait_http(int port, const std::string& path, std::chrono::milliseconds timeout);
 
+// Plain blocking sockets on 127.0.0.1, for raw peers (a worker that answers bytes of its own, a client that sends
+// nothing): a listening socket on `port` (SO_REUSEADDR), or a connected one; -1 on failure.
+int listen_loopback(int port, int backlog = 64);
+int connect_loopback(int port);
+
 struct HttpResponse {
   int status = 0;  // 0: transport error (see error)
   std::map<std::string, std::string> headers;  // lower-case names
