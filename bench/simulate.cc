@@ -374,7 +374,8 @@ class FleetSim {
     double first_token = -1;
     double finish = -1;
     double queue_est = 0;
-    double estimate = 0;                 // the pick's TTFT estimate (calibration, debug dump)
+    double estimate = 0;                 // the pick's TTFT estimate (what the learner learns from; debug dump)
+    double reported_estimate = 0;        // the same as reported, corrected by the worker's learned error (calibration)
     double itl_estimate = 0;             // the pick's ITL estimate (calibration)
     std::uint64_t pending_at_dispatch = 0;  // worker's pending prefill tokens when routed (debug dump)
     std::uint32_t in_flight_at_dispatch = 0;
@@ -716,6 +717,7 @@ class FleetSim {
     // As the daemon's Decision::queue_s: the pending prefill of the view the pick saw (the others' included).
     f.queue_est = static_cast<double>(views_[wi].pending_prefill_tokens) / std::max(views_[wi].prefill_tokens_per_s, 1.0);
     f.estimate = pick ? pick->estimate_s : 0.0;
+    f.reported_estimate = pick ? policy::corrected_ttft_estimate(*pick, views_[wi]) : 0.0;
     f.itl_estimate = pick ? pick->itl_estimate_s : 0.0;
     f.pending_at_dispatch = views_[wi].pending_prefill_tokens;
     f.in_flight_at_dispatch = views_[wi].in_flight;
@@ -822,7 +824,7 @@ class FleetSim {
       tally.add(f.first_token - f.arrival, f.finish - f.arrival, f.finish - f.first_token, r.output_tokens, f.cached,
                 r.prompt_tokens, r.output_tokens, f.arrival, f.finish);
       const double itl = r.output_tokens >= 2 ? (f.finish - f.first_token) / (r.output_tokens - 1) : 0.0;
-      tally.add_estimate(f.first_token - f.arrival, f.estimate, itl, f.itl_estimate);
+      tally.add_estimate(f.first_token - f.arrival, f.reported_estimate, itl, f.itl_estimate);
     }
     res.output_tok_s_total = tally.fill(res);
     res.output_tok_s = last_arrival_ > first_arrival_

@@ -57,7 +57,7 @@ struct WorkerView {
   double decode_step_s = 0.02;                // time of one decode step at the current batch
   double decode_step_per_token_s = 0;         // what one more context token in the batch adds to a step
   double base_ttft_s = 0;                     // fixed part of TTFT (front end, first step), learned
-  double ttft_correction = 1;                 // learned observed / estimated TTFT (RateLearner); informational
+  double ttft_correction = 1;                 // learned observed / estimated TTFT (RateLearner); reported estimates
   std::uint32_t max_running = 256;            // running-sequence cap (batch size)
 };
 
@@ -139,6 +139,14 @@ struct Pick {
   double estimate_s = 0.0;                     // predicted TTFT, when the policy models it (else 0)
   double itl_estimate_s = 0.0;                 // predicted mean inter-token latency there (else 0)
 };
+
+// The TTFT estimate as the router reports it (the kvroute_estimate_ratio histogram, the benchmark's calibration):
+// the pick's own estimate, corrected by what the chosen worker's past estimates were off by (its learned
+// observed / estimated ratio, WorkerView::ttft_correction, the geometric mean over recent requests). The learner
+// keeps learning from the uncorrected estimate, so the correction does not chase itself.
+inline double corrected_ttft_estimate(const Pick& pick, const WorkerView& chosen) {
+  return pick.estimate_s * chosen.ttft_correction;
+}
 
 class RoutingPolicy {
  public:

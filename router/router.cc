@@ -259,7 +259,7 @@ void Router::complete(Decision& d, const Outcome& outcome) {
     obs.estimated_ttft_s = d.pick.estimate_s;
     obs.estimated_itl_s = d.pick.itl_estimate_s;
     learner_.observe(d.worker->id(), obs);
-    metrics_.estimate_ratio(obs.ttft_s, obs.estimated_ttft_s, obs.itl_s, obs.estimated_itl_s);
+    metrics_.estimate_ratio(obs.ttft_s, d.reported_ttft_s, obs.itl_s, obs.estimated_itl_s);
   }
   if (auto s = metrics_.worker(d.worker->id())) {
     s->in_flight->Set(d.worker->in_flight());

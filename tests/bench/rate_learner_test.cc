@@ -136,6 +136,11 @@ TEST(RateLearner, LearnsTheErrorOfTheEstimates) {
   v.id = 0;
   l.apply(v);
   EXPECT_NEAR(v.ttft_correction, 3.0, 0.05);
+  // The estimate as reported is corrected by it: a request estimated at 0.1 s there is reported at 0.3 s, what
+  // such requests took.
+  Pick pick;
+  pick.estimate_s = 0.1;
+  EXPECT_NEAR(corrected_ttft_estimate(pick, v), 0.3, 0.005);
   // Outliers are clamped to 4x either way.
   o.ttft_s = 100;
   for (int i = 0; i < 400; ++i) l.observe(1, o);
