@@ -309,7 +309,6 @@ class FleetSim {
     policy::RecentQuantile tail{policy::kFleetTailWindow, policy::kFleetTailQuantile};
     std::vector<RouterLoad> load;             // by worker
     std::vector<policy::LoadShare> remote;    // by worker: the sum of the others' load as last read
-    double remote_at = 0;                      // when it was read (LoadShare::add_to ages it from then)
     // This replica's published load (the daemon's P:load:REPLICA key), oldest first.
     struct Published {
       double at;                               // readable from
@@ -566,14 +565,10 @@ class FleetSim {
       if (l.in_flight == 0) continue;
       policy::WorkerView v;
       l.prefill_queue.fill(v, now);
-      mine[i] = {l.in_flight, l.pending_prefill, l.active_decode, v.pending_prefill_s, v.oldest_prefill_s,
-                 l.prefill_queue.empty() ? -1.0 : v.prefill_elapsed_s};
+      mine[i] = {l.in_flight, l.pending_prefill, l.active_decode, v.pending_prefill_s, v.oldest_prefill_s};
     }
     rep.published.push_back({now + o_.sync_delay_s, rep.routed_seq, std::move(mine)});
     std::fill(rep.remote.begin(), rep.remote.end(), policy::LoadShare{});
-    // The others' elapsed times are aged from the read, not from when they were taken (as the daemon, whose
-    // replicas' clocks differ): they lag by up to one interval, on the safe side.
-    rep.remote_at = now;
     for (std::size_t q = 0; q < reps_.size(); ++q) {
       if (q == k) continue;
       auto& pub = reps_[q]->published;
@@ -668,7 +663,7 @@ class FleetSim {
       l.prefill_queue.fill(v, t);
       v.active_decode_tokens = l.active_decode;
       v.inflight_kv_tokens = l.inflight_kv;
-      if (sharing_) rep.remote[i].add_to(v, t - rep.remote_at);
+      if (sharing_) rep.remote[i].add_to(v);
       v.running = ws.running;
       v.waiting = ws.waiting;
       v.kv_usage = ws.kv_usage;

@@ -64,17 +64,13 @@ struct WorkerView {
 // The load the other router replicas put on one worker (what they share through --shared-state; architecture
 // section 11): a worker is priced by every replica's requests, so the daemon and the simulator both add the
 // others' sum to a view with add_to() before the policy sees it.
-//   LoadShare sum;  sum.add(from_replica_a);  sum.add(from_replica_b);  sum.add_to(view, age_s);
+//   LoadShare sum;  sum.add(from_replica_a);  sum.add(from_replica_b);  sum.add_to(view);
 struct LoadShare {
   std::uint32_t in_flight = 0;
   std::uint64_t pending_prefill_tokens = 0;
   std::uint64_t active_decode_tokens = 0;
   double pending_prefill_s = 0;
   double oldest_prefill_s = 0;
-  // WorkerView::prefill_elapsed_s of the summed queues, when the share was taken: the longest any non-empty one
-  // has waited (the earliest `since` of them), so that kv_cost credits the worker's progress on its oldest
-  // prefill even when this replica's own queue there is empty. < 0: no queue.
-  double prefill_elapsed_s = -1;
 
   void add(const LoadShare& o) {
     in_flight += o.in_flight;
@@ -82,18 +78,13 @@ struct LoadShare {
     active_decode_tokens += o.active_decode_tokens;
     pending_prefill_s += o.pending_prefill_s;
     oldest_prefill_s = std::max(oldest_prefill_s, o.oldest_prefill_s);
-    prefill_elapsed_s = std::max(prefill_elapsed_s, o.prefill_elapsed_s);
   }
-  // `age_s`: the seconds since the share was taken (its elapsed time has grown by as much).
-  void add_to(WorkerView& v, double age_s = 0) const {
+  void add_to(WorkerView& v) const {
     v.in_flight += in_flight;
     v.pending_prefill_tokens += pending_prefill_tokens;
     v.active_decode_tokens += active_decode_tokens;
     v.pending_prefill_s += pending_prefill_s;
     v.oldest_prefill_s = std::max(v.oldest_prefill_s, oldest_prefill_s);
-    if (prefill_elapsed_s >= 0) {
-      v.prefill_elapsed_s = std::max(v.prefill_elapsed_s, prefill_elapsed_s + std::max(age_s, 0.0));
-    }
   }
 };
 

@@ -201,8 +201,8 @@ void ReplicaSync::apply_remote_load(std::vector<shared_state::WorkerLoad> load) 
       if (it == workers->end()) continue;
       const auto id = (*it)->id();
       if (id >= by_id.size()) by_id.resize(id + 1u);
-      by_id[id] = Router::RemoteLoad{l.in_flight,         l.pending_prefill_tokens, l.active_decode_tokens,
-                                     l.pending_prefill_s, l.oldest_prefill_s,       l.prefill_elapsed_s};
+      by_id[id] = Router::RemoteLoad{l.in_flight, l.pending_prefill_tokens, l.active_decode_tokens, l.pending_prefill_s,
+                                     l.oldest_prefill_s};
     }
   }
   router_.set_remote_load(std::move(by_id));
@@ -216,9 +216,8 @@ std::vector<shared_state::WorkerLoad> ReplicaSync::local_load() {
   for (const auto& w : *workers) {
     if (w->in_flight() == 0) continue;
     const policy::WorkerView v = w->view(now);
-    // No queue (Worker::view leaves its fields at 0), or one of no estimated seconds (nothing to credit): none.
     out.push_back({w->endpoint().url, v.in_flight, v.pending_prefill_tokens, v.pending_prefill_s, v.oldest_prefill_s,
-                   v.active_decode_tokens, v.oldest_prefill_s > 0 ? v.prefill_elapsed_s : -1.0});
+                   v.active_decode_tokens});
   }
   return out;
 }

@@ -170,24 +170,19 @@ void Router::set_remote_load(std::vector<RemoteLoad> by_worker) {
   auto next = by_worker.empty() ? nullptr : std::make_shared<const std::vector<RemoteLoad>>(std::move(by_worker));
   std::lock_guard lock(remote_mu_);
   remote_load_ = std::move(next);
-  remote_at_ = std::chrono::steady_clock::now();
 }
 
 void Router::add_remote_load(std::vector<policy::WorkerView>& views) const {
   std::shared_ptr<const std::vector<RemoteLoad>> remote;
-  std::chrono::steady_clock::time_point at;
   {
     std::lock_guard lock(remote_mu_);
     remote = remote_load_;
-    at = remote_at_;
   }
   if (!remote) return;
-  // The others' queues have waited longer by the time since the sum was taken.
-  const double age = std::chrono::duration<double>(std::chrono::steady_clock::now() - at).count();
   // Every replica's requests load the same workers: a worker is priced by the sum (architecture section 11).
   for (auto& v : views) {
     if (v.id >= remote->size()) continue;
-    (*remote)[v.id].add_to(v, age);
+    (*remote)[v.id].add_to(v);
   }
 }
 

@@ -254,7 +254,6 @@ class Router {
   std::atomic<shared_state::SharedState*> shared_{nullptr};
   mutable std::mutex remote_mu_;
   std::shared_ptr<const std::vector<RemoteLoad>> remote_load_;  // guarded by remote_mu_
-  std::chrono::steady_clock::time_point remote_at_{};           // when it was set (guarded by remote_mu_)
 
   // The newest --response-ids ids (the least recently seen forgotten first).
   mutable std::mutex responses_mu_;

@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include <algorithm>
+#include <random>
 
 #include <hiredis/hiredis.h>
 
@@ -17,6 +18,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using ReplyPtr = std::unique_ptr<redisReply, void (*)(void*)>;
+
+std::string random_replica_id() {
+  std::random_device rd;
+  const std::uint64_t v = (std::uint64_t{rd()} << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
+  return wire::hex64(v).substr(0, 12);
+}
 
 std::string_view str(const redisReply* r) {
   return r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) ? std::string_view(r->str, r->len)
@@ -59,7 +66,7 @@ struct SharedState::Conn {
 SharedState::SharedState(Options options, Handler& handler)
     : options_(std::move(options)),
       handler_(handler),
-      replica_(wire::random_replica_id()),
+      replica_(random_replica_id()),
       wakeup_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
 SharedState::~SharedState() {
@@ -445,7 +452,7 @@ bool SharedState::exchange_load() {
         p.covered = std::max(p.covered, wire::load_seq(text));
         wire::add_load(text, p.load);
         std::erase_if(p.since, [&](const auto& d) { return d.first <= p.covered; });
-        p.seen = p.read = now;
+        p.seen = now;
         ++live;
       } else {
         gone.push_back(others[i]);  // expired: that replica stopped or is idle; it adds itself back when busy
@@ -462,10 +469,8 @@ bool SharedState::exchange_load() {
 
 void SharedState::give_remote_load() {
   std::vector<WorkerLoad> sum;
-  const auto now = std::chrono::steady_clock::now();
   for (const auto& [id, p] : peers_) {
-    // Its queues' elapsed times as of now (they lag by the publisher's interval, not known here: on the safe side).
-    for (const auto& l : p.load) wire::add_load(l, sum, std::chrono::duration<double>(now - p.read).count());
+    for (const auto& l : p.load) wire::add_load(l, sum);
     for (const auto& [seq, l] : p.since) wire::add_load(l, sum);
   }
   peers_changed_ = false;

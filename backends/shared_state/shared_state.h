@@ -76,9 +76,6 @@ struct WorkerLoad {
   double pending_prefill_s = 0;
   double oldest_prefill_s = 0;
   std::uint64_t active_decode_tokens = 0;
-  // The longest a non-empty prefill queue of the worker has waited for a first token (policy::LoadShare), when
-  // the load was taken; < 0: none. Seconds, not a time: the replicas' clocks differ.
-  double prefill_elapsed_s = -1;
 };
 
 struct Routed {
@@ -243,7 +240,6 @@ class SharedState {
     std::vector<WorkerLoad> load;
     std::vector<std::pair<std::uint64_t, WorkerLoad>> since;  // (seq, the request's load)
     std::chrono::steady_clock::time_point seen{};
-    std::chrono::steady_clock::time_point read{};  // when `load` was read (its elapsed times age from then)
   };
   std::map<std::string, Peer, std::less<>> peers_;
   bool peers_changed_ = false;  // records added load since the handler was last given the sum

@@ -1,13 +1,10 @@
 #include "backends/shared_state/wire.h"
 
-#include <unistd.h>
-
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 
 #include <algorithm>
-#include <random>
 
 namespace kvroute::shared_state {
 namespace {
@@ -132,12 +129,6 @@ std::vector<hashing::BlockHash> unpack_hashes(std::string_view bytes) {
   return out;
 }
 
-std::string random_replica_id() {
-  std::random_device rd;
-  const std::uint64_t v = (std::uint64_t{rd()} << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
-  return hex64(v).substr(0, 12);
-}
-
 std::string hex64(std::uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
@@ -153,43 +144,35 @@ std::optional<std::uint64_t> parse_hex64(std::string_view s) {
 
 std::string pack_load(const std::vector<WorkerLoad>& load) {
   std::string out;
-  char buf[192];
+  char buf[160];
   for (const auto& l : load) {
-    // The seventh field, the queue's elapsed seconds (-1: none), is left out by older replicas.
-    std::snprintf(buf, sizeof buf, "\t%u\t%llu\t%.6g\t%.6g\t%llu\t%.6g\n", l.in_flight,
+    std::snprintf(buf, sizeof buf, "\t%u\t%llu\t%.6g\t%.6g\t%llu\n", l.in_flight,
                   static_cast<unsigned long long>(l.pending_prefill_tokens), l.pending_prefill_s, l.oldest_prefill_s,
-                  static_cast<unsigned long long>(l.active_decode_tokens),
-                  l.prefill_elapsed_s >= 0 ? l.prefill_elapsed_s : -1.0);
+                  static_cast<unsigned long long>(l.active_decode_tokens));
     out += l.worker;
     out += buf;
   }
   return out;
 }
 
-void add_load(WorkerLoad l, std::vector<WorkerLoad>& sum, double age_s) {
-  if (l.prefill_elapsed_s >= 0) l.prefill_elapsed_s += std::max(age_s, 0.0);
+void add_load(const WorkerLoad& l, std::vector<WorkerLoad>& sum) {
   auto it = std::find_if(sum.begin(), sum.end(), [&](const WorkerLoad& s) { return s.worker == l.worker; });
-  if (it == sum.end()) return sum.push_back(std::move(l));
+  if (it == sum.end()) return sum.push_back(l);
   it->in_flight += l.in_flight;
   it->pending_prefill_tokens += l.pending_prefill_tokens;
   it->pending_prefill_s += l.pending_prefill_s;
   it->oldest_prefill_s = std::max(it->oldest_prefill_s, l.oldest_prefill_s);
   it->active_decode_tokens += l.active_decode_tokens;
-  it->prefill_elapsed_s = std::max(it->prefill_elapsed_s, l.prefill_elapsed_s);
 }
 
 void add_load(std::string_view text, std::vector<WorkerLoad>& sum) {
   for_each_line(text, [&](std::string_view line) {
     const auto f = fields(line);
     WorkerLoad l;
-    if ((f.size() != 6 && f.size() != 7) || !parse_number(f[1], l.in_flight) ||
-        !parse_number(f[2], l.pending_prefill_tokens) || !parse_double(f[3], l.pending_prefill_s) ||
-        !parse_double(f[4], l.oldest_prefill_s) || !parse_number(f[5], l.active_decode_tokens)) {
+    if (f.size() != 6 || !parse_number(f[1], l.in_flight) || !parse_number(f[2], l.pending_prefill_tokens) ||
+        !parse_double(f[3], l.pending_prefill_s) || !parse_double(f[4], l.oldest_prefill_s) ||
+        !parse_number(f[5], l.active_decode_tokens)) {
       return;
-    }
-    // Bounded like the other seconds: a queue that waited a day is none.
-    if (f.size() == 7 && (!parse_double(f[6], l.prefill_elapsed_s) || !(l.prefill_elapsed_s < 1e5))) {
-      l.prefill_elapsed_s = -1;
     }
     l.worker = std::string(f[0]);
     add_load(l, sum);

@@ -21,18 +21,14 @@ std::string pack_hashes(std::span<const hashing::BlockHash> hashes);
 std::vector<hashing::BlockHash> unpack_hashes(std::string_view bytes);
 
 std::string hex64(std::uint64_t v);
-// A replica's id on the stream and in its load key: 12 hex digits, random per process.
-std::string random_replica_id();
 std::optional<std::uint64_t> parse_hex64(std::string_view s);
 
-// One line per worker: URL, in flight, pending prefill tokens, pending prefill s, oldest prefill s, decode tokens,
-// prefill elapsed s (-1: none; lines without it, from older replicas, read as none).
+// One line per worker: URL, in flight, pending prefill tokens, pending prefill s, oldest prefill s, decode tokens.
 std::string pack_load(const std::vector<WorkerLoad>& load);
 // Adds the lines of `text` into `sum` (by worker URL); malformed lines are skipped.
 void add_load(std::string_view text, std::vector<WorkerLoad>& sum);
-// Adds one worker's load into `sum` (by worker URL), its prefill elapsed time grown by `age_s` (the time since it
-// was read): the sum has the longest of the elapsed times.
-void add_load(WorkerLoad load, std::vector<WorkerLoad>& sum, double age_s = 0);
+// Adds one worker's load into `sum` (by worker URL).
+void add_load(const WorkerLoad& load, std::vector<WorkerLoad>& sum);
 // The first line of a published load: "#", then how many routed records of the sender it covers. load_seq()
 // reads it back (0 without one); add_load() skips it.
 std::string pack_load_seq(std::uint64_t seq);

@@ -56,35 +56,6 @@ TEST(SharedStateWire, LoadsAreSummedPerWorker) {
   EXPECT_EQ(sum[1].in_flight, 1u);
 }
 
-// The time a replica's queue on a worker has waited for a first token goes with its load, as seconds (the
-// replicas' clocks differ); the reader ages it from its read, and the sum keeps the longest. Lines of an older
-// replica (six fields) read as no queue time, and a bad one is dropped, not the line.
-TEST(SharedStateWire, LoadCarriesTheQueuesElapsedTime) {
-  WorkerLoad a{"http://a:1", 1, 3000, 3.0, 3.0, 0, 0.25};
-  WorkerLoad idle{"http://b:1", 1, 0, 0, 0, 40};  // in decode only: no queue
-  EXPECT_DOUBLE_EQ(idle.prefill_elapsed_s, -1.0);
-  std::vector<WorkerLoad> read;
-  wire::add_load(wire::pack_load({a, idle}), read);
-  ASSERT_EQ(read.size(), 2u);
-  EXPECT_DOUBLE_EQ(read[0].prefill_elapsed_s, 0.25);
-  EXPECT_LT(read[1].prefill_elapsed_s, 0.0);
-  std::vector<WorkerLoad> sum;
-  wire::add_load(read[0], sum, 0.5);  // read half a second ago
-  wire::add_load(WorkerLoad{"http://a:1", 1, 100, 0.1, 0.1, 0, 0.6}, sum);
-  wire::add_load(read[1], sum, 0.5);  // none stays none
-  ASSERT_EQ(sum.size(), 2u);
-  EXPECT_DOUBLE_EQ(sum[0].prefill_elapsed_s, 0.75);
-  EXPECT_EQ(sum[0].in_flight, 2u);
-  EXPECT_LT(sum[1].prefill_elapsed_s, 0.0);
-  std::vector<WorkerLoad> old;
-  wire::add_load("http://a:1\t2\t100\t0.5\t0.3\t40\nhttp://b:1\t1\t0\t0\t0\t7\tnan\n", old);
-  ASSERT_EQ(old.size(), 2u);
-  EXPECT_EQ(old[0].in_flight, 2u);
-  EXPECT_LT(old[0].prefill_elapsed_s, 0.0);
-  EXPECT_EQ(old[1].active_decode_tokens, 7u);
-  EXPECT_LT(old[1].prefill_elapsed_s, 0.0);
-}
-
 TEST(SharedStateWire, PublishedLoadSaysWhichRoutedRecordsItCovers) {
   const std::string text = wire::pack_load_seq(42) + wire::pack_load({{"http://a:1", 2, 100, 0.5, 0.3, 40}});
   EXPECT_EQ(wire::load_seq(text), 42u);

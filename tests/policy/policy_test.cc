@@ -254,47 +254,6 @@ TEST(KvCost, QueueBehindALongPrefillCountsItsProgress) {
   EXPECT_NEAR(p->estimate(s.context(), 0), fresh, 1e-9);
 }
 
-// Another replica's queue on the worker counts its progress too: the shared load carries the longest time any
-// replica's non-empty queue there has waited, aged by the time since it was read, and the view takes the
-// longest of its own and the others'. A replica whose own queue there is empty credits the worker as one router
-// would; shares of no queue (a routed record's) change nothing.
-TEST(KvCost, OtherReplicasQueueProgressIsCreditedThroughTheSharedLoad) {
-  auto p = make("kv_cost");
-  Scene s(1);
-  WorkerView& w = s.workers[0];
-  w.prefill_tokens_per_s = 1000;
-  const WorkerView own = w;  // this replica has nothing queued there
-  LoadShare a{1, 3000, 0, 3.0, 3.0, 0.25};  // another replica's 3 s prefill, waiting 0.25 s when published
-  LoadShare b{1, 0, 0, 0, 0, 0.5};           // a third's queue, waiting longer
-  LoadShare record{1, 0, 0, 0, 0};           // a routed record: no queue of its own
-  EXPECT_DOUBLE_EQ(record.prefill_elapsed_s, -1.0);
-  LoadShare sum;
-  sum.add(a);
-  sum.add(record);
-  EXPECT_DOUBLE_EQ(sum.prefill_elapsed_s, 0.25);
-  sum.add(b);
-  EXPECT_DOUBLE_EQ(sum.prefill_elapsed_s, 0.5);  // the earliest `since`
-  EXPECT_EQ(sum.in_flight, 3u);
-  LoadShare none;
-  none.add(a);
-  none.prefill_elapsed_s = -1;  // as before: the others' queue with no progress known
-  w = own;
-  none.add_to(w);
-  const double fresh = p->estimate(s.context(), 0);
-  EXPECT_DOUBLE_EQ(w.prefill_elapsed_s, 0.0);
-  w = own;
-  sum.add_to(w, 0.5);  // read 0.5 s ago: waited 1 s by now
-  EXPECT_DOUBLE_EQ(w.prefill_elapsed_s, 1.0);
-  EXPECT_NEAR(fresh - p->estimate(s.context(), 0), 1.0, 1e-9);
-  w = own;
-  w.pending_prefill_tokens = 1000;  // this replica's own queue there, waiting 2 s: its own time stands
-  w.pending_prefill_s = w.oldest_prefill_s = 1.0;
-  w.prefill_elapsed_s = 2.0;
-  sum.add_to(w, 0.5);
-  EXPECT_DOUBLE_EQ(w.prefill_elapsed_s, 2.0);
-  EXPECT_DOUBLE_EQ(w.oldest_prefill_s, 3.0);
-}
-
 // A prompt of 24K tokens or more pays for the TTFT it would have above the fleet's recent tail, so it does not
 // wait into the tail for part of its prefix when another worker would serve it below. Shorter prompts do not.
 TEST(KvCost, LongPromptsAvoidWaitingIntoTheFleetsTail) {
