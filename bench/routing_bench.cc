@@ -128,6 +128,14 @@ const kvroute::router::RoutableRequest& parsed_tokens() {
   return r;
 }
 
+// `n` workers at 10.0.0.1-n:8000 in the registry (the router benchmarks' fleet).
+void add_workers(kvroute::backends::WorkerRegistry& registry, int n) {
+  for (int i = 0; i < n; ++i) {
+    auto ep = kvroute::backends::parse_worker_url("http://10.0.0." + std::to_string(i + 1) + ":8000");
+    if (!ep || !registry.add(*ep)) std::abort();
+  }
+}
+
 // Fills `index` with about `target` entries of other conversations spread over `workers` workers: 64 tenant
 // system prompts of 32..160 blocks shared by everyone who uses them, each conversation a prompt plus a unique
 // tail of 16..512 blocks, recorded on 1..3 workers (the original and replicas after load spills).
@@ -268,10 +276,7 @@ void BM_RouterRoute(benchmark::State& state) {
   kvroute::backends::WorkerRegistry registry;
   kvroute::router::RouterMetrics metrics;
   kvroute::router::Router router(config, registry, policy_named("kv_cost"), metrics);
-  for (int i = 0; i < kWorkers; ++i) {
-    auto ep = kvroute::backends::parse_worker_url("http://10.0.0." + std::to_string(i + 1) + ":8000");
-    if (!ep || !registry.add(*ep)) std::abort();
-  }
+  add_workers(registry, kWorkers);
   const auto workers = registry.snapshot();  // kept while walked (worker_registry.h)
   for (const auto& w : *workers) {
     if (models == 1) w->set_models({"llama-3.1-8b", kModel, "sql-lora"});
@@ -325,10 +330,7 @@ void BM_RouterRouteShared(benchmark::State& state) {
   kvroute::backends::WorkerRegistry registry;
   kvroute::router::RouterMetrics metrics;
   kvroute::router::Router router(config, registry, policy_named("kv_cost"), metrics);
-  for (int i = 0; i < kWorkers; ++i) {
-    auto ep = kvroute::backends::parse_worker_url("http://10.0.0." + std::to_string(i + 1) + ":8000");
-    if (!ep || !registry.add(*ep)) std::abort();
-  }
+  add_workers(registry, kWorkers);
   const auto& r = parsed();
   fill_background(router.index(), kWorkers, 1'000'000, 7);
   fill_conversation(router.index(), kWorkers, r.chain);

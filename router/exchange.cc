@@ -369,6 +369,14 @@ void Exchange::fail(std::string why, unsigned status, const char* code) {
   failed({FailedAt::kBeforeFirstByte, std::move(why), status, code}, false, /*worker_fault=*/false);
 }
 
+// The worker broke the exchange (a reset, a response cut off, no head in time): counted, a failure for outlier
+// detection, and its health checked at once (Services::worker_broke).
+void Exchange::broken() {
+  count_failure(RouterMetrics::WorkerFailure::kBroken);
+  outlier(false);
+  if (svc_.worker_broke && !worker_->removed()) svc_.worker_broke(*worker_);
+}
+
 void Exchange::outlier(bool ok) {
   if (!svc_.outliers || worker_->removed()) return;
   if (ok) return svc_.outliers->success(*worker_);
@@ -394,11 +402,7 @@ void Exchange::failed(ExchangeFailure failure, bool retry_fresh, bool worker_fau
   retried_ = false;
   retry_ticket_.reset();
   if (worker_fault) {
-    if (!counted) {
-      count_failure(RouterMetrics::WorkerFailure::kBroken);
-      outlier(false);
-      if (svc_.worker_broke && !worker_->removed()) svc_.worker_broke(*worker_);
-    }
+    if (!counted) broken();
     // A reset or an unanswered stream: another worker may serve it. Not --request-timeout: its time is spent.
     if (failure.status != 504 || failure.kind == RouterMetrics::RetryKind::kFirstByteTimeout) failure.retryable = true;
   }
@@ -410,9 +414,7 @@ void Exchange::failed(ExchangeFailure failure, bool retry_fresh, bool worker_fau
 // [DONE], so no client takes it for a whole answer); anything else just ends with the connection.
 void Exchange::broke_off(beast::error_code ec) {
   std::string why = "worker " + worker_->name() + " broke off the response: " + ec.message();
-  count_failure(RouterMetrics::WorkerFailure::kBroken);
-  outlier(false);
-  if (svc_.worker_broke && !worker_->removed()) svc_.worker_broke(*worker_);
+  broken();
   svc_.metrics.stream_cut();
   retry_ticket_.reset();
   // Framed for the client: chunked, or delimited by the connection's end (HTTP/1.0). Not while a write is

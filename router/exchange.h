@@ -118,6 +118,7 @@ class Exchange {
   void failed(ExchangeFailure failure, bool retry_fresh, bool worker_fault = true, bool counted = false);
   void count_failure(RouterMetrics::WorkerFailure failure);
   void outlier(bool ok);
+  void broken();
   void broke_off(boost::beast::error_code ec);
   void write_error_event(std::string why);
   void close_upstream();

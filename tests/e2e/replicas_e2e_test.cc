@@ -264,17 +264,49 @@ std::string text(std::uint64_t seed, int words) {
   return out;
 }
 
-struct Result {
-  int requests = 0, failed = 0;
-  double prompt = 0, cached = 0;
-  double hit_rate() const { return prompt > 0 ? cached / prompt : 0; }
-};
-
 struct Sent {
   int status = 0;
   std::string worker;
   double prompt = 0, cached = 0;
 };
+
+struct Result {
+  int requests = 0, failed = 0;
+  double prompt = 0, cached = 0;
+  double hit_rate() const { return prompt > 0 ? cached / prompt : 0; }
+  void add(const Sent& s) {
+    ++requests;
+    if (s.status != 200) ++failed;
+    prompt += s.prompt;
+    cached += s.cached;
+  }
+  void add(const Result& r) {
+    requests += r.requests;
+    failed += r.failed;
+    prompt += r.prompt;
+    cached += r.cached;
+  }
+};
+
+// Requests [from, to) from `threads` clients, request i sent by send_one(i); their outcomes summed.
+template <class SendOne>
+Result run_each(int from, int to, int threads, SendOne send_one) {
+  Result res;
+  std::mutex mu;
+  std::atomic<int> next{from};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < threads; ++t) {
+    clients.emplace_back([&] {
+      for (int i = next++; i < to; i = next++) {
+        const Sent s = send_one(i);
+        std::lock_guard lock(mu);
+        res.add(s);
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  return res;
+}
 
 Sent send(int port, const std::string& prompt, const std::map<std::string, std::string>& headers = {}) {
   json::object body{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}};
@@ -293,28 +325,13 @@ Sent send(int port, const std::string& prompt, const std::map<std::string, std::
 // {prompt, session}.
 template <class Make>
 Result run(const Replicas& fleet, int n, int threads, Make make, int only_replica = -1) {
-  Result res;
-  std::mutex mu;
-  std::atomic<int> next{0};
-  std::vector<std::thread> clients;
-  for (int t = 0; t < threads; ++t) {
-    clients.emplace_back([&] {
-      for (int i = next++; i < n; i = next++) {
-        const auto [prompt, session] = make(i);
-        const int replica = only_replica >= 0 ? only_replica : i % fleet.size();
-        std::map<std::string, std::string> headers;
-        if (!session.empty()) headers["x-session-id"] = session;
-        const Sent s = send(fleet.api(replica), prompt, headers);
-        std::lock_guard lock(mu);
-        ++res.requests;
-        if (s.status != 200) ++res.failed;
-        res.prompt += s.prompt;
-        res.cached += s.cached;
-      }
-    });
-  }
-  for (auto& c : clients) c.join();
-  return res;
+  return run_each(0, n, threads, [&](int i) {
+    const auto [prompt, session] = make(i);
+    const int replica = only_replica >= 0 ? only_replica : i % fleet.size();
+    std::map<std::string, std::string> headers;
+    if (!session.empty()) headers["x-session-id"] = session;
+    return send(fleet.api(replica), prompt, headers);
+  });
 }
 
 // Tenants: 32 long shared system prompts, each request one of them plus its own question.
@@ -349,11 +366,7 @@ TEST(ReplicasE2E, ApproximateHitRateMatchesOneReplica) {
       Replicas fleet(replicas, redis);
       // One turn of every conversation at a time: each round's 16 requests in parallel.
       for (int turn = 0; turn < 6; ++turn) {
-        Result r = run(fleet, 16, 8, [turn](int i) { return session_request(turn * 16 + i); });
-        c.sessions.requests += r.requests;
-        c.sessions.failed += r.failed;
-        c.sessions.prompt += r.prompt;
-        c.sessions.cached += r.cached;
+        c.sessions.add(run(fleet, 16, 8, [turn](int i) { return session_request(turn * 16 + i); }));
       }
       c.ttft_sessions = fleet.mean_ttft();
     }
@@ -601,24 +614,9 @@ Sent send_tokens(int port, const json::array& prompt) {
 
 // Requests [from, to) of tenant_tokens through replica i % size (or only `only`), from `threads` clients.
 Result run_tokens(const Replicas& fleet, int from, int to, int threads, int only = -1) {
-  Result res;
-  std::mutex mu;
-  std::atomic<int> next{from};
-  std::vector<std::thread> clients;
-  for (int t = 0; t < threads; ++t) {
-    clients.emplace_back([&] {
-      for (int i = next++; i < to; i = next++) {
-        const Sent s = send_tokens(fleet.api(only >= 0 ? only : i % fleet.size()), tenant_tokens(i));
-        std::lock_guard lock(mu);
-        ++res.requests;
-        if (s.status != 200) ++res.failed;
-        res.prompt += s.prompt;
-        res.cached += s.cached;
-      }
-    });
-  }
-  for (auto& c : clients) c.join();
-  return res;
+  return run_each(from, to, threads, [&](int i) {
+    return send_tokens(fleet.api(only >= 0 ? only : i % fleet.size()), tenant_tokens(i));
+  });
 }
 
 TEST(ReplicasE2E, PreciseHitRateMatchesOneReplica) {
@@ -629,11 +627,7 @@ TEST(ReplicasE2E, PreciseHitRateMatchesOneReplica) {
   auto rounds = [](const Replicas& fleet) {
     Result sum;
     for (int r = 0; r < 10; ++r) {
-      const Result x = run_tokens(fleet, r * 32, (r + 1) * 32, 4);
-      sum.requests += x.requests;
-      sum.failed += x.failed;
-      sum.prompt += x.prompt;
-      sum.cached += x.cached;
+      sum.add(run_tokens(fleet, r * 32, (r + 1) * 32, 4));
     }
     return sum;
   };
