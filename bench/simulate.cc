@@ -203,6 +203,7 @@ class FleetSim {
       auto rep = std::make_unique<Replica>();
       rep->load.resize(n_);
       rep->remote.resize(n_);
+      rep->remote_at.resize(n_, 0.0);
       rep->peers.resize(replicas);
       // Each replica's exchanges run on its own clock: their phases spread over the interval.
       rep->next_load = o.load_interval_s * static_cast<double>(r) / static_cast<double>(replicas);
@@ -309,6 +310,7 @@ class FleetSim {
     policy::RecentQuantile tail{policy::kFleetTailWindow, policy::kFleetTailQuantile};
     std::vector<RouterLoad> load;             // by worker
     std::vector<policy::LoadShare> remote;    // by worker: the sum of the others' load as last read
+    std::vector<double> remote_at;            // by worker: the time `remote` is as of (policy::queued_at)
     // This replica's published load (the daemon's P:load:REPLICA key), oldest first.
     struct Published {
       double at;                               // readable from
@@ -322,7 +324,7 @@ class FleetSim {
     struct Peer {
       std::uint64_t covered = 0;
       std::vector<policy::LoadShare> load;
-      std::vector<std::pair<std::uint64_t, std::pair<WorkerId, policy::LoadShare>>> since;
+      std::vector<std::pair<std::uint64_t, std::pair<WorkerId, policy::TimedShare>>> since;
     };
     std::vector<Peer> peers;                   // by replica
     double next_load = 0, next_rates = 0;      // its next load and rates exchanges
@@ -545,8 +547,11 @@ class FleetSim {
         if (rec.session != 0) rep.sessions[rec.session] = {rec.worker, rec.at};
         Replica::Peer& peer = rep.peers[rec.from];
         if (rec.seq > peer.covered) {
-          peer.since.push_back({rec.seq, {rec.worker, rec.load}});
+          peer.since.push_back({rec.seq, {rec.worker, {rec.at, rec.load}}});
+          // As the daemon's SharedState hands it on: what was there drains until the record came.
+          rep.remote[rec.worker].drain(rec.at - rep.remote_at[rec.worker]);
           rep.remote[rec.worker].add(rec.load);
+          rep.remote_at[rec.worker] = std::max(rep.remote_at[rec.worker], rec.at);
         }
       }
       stream_.pop_front();
@@ -568,7 +573,7 @@ class FleetSim {
       mine[i] = {l.in_flight, l.pending_prefill, l.active_decode, v.pending_prefill_s, v.oldest_prefill_s};
     }
     rep.published.push_back({now + o_.sync_delay_s, rep.routed_seq, std::move(mine)});
-    std::fill(rep.remote.begin(), rep.remote.end(), policy::LoadShare{});
+    std::vector<std::vector<policy::TimedShare>> parts(n_);  // by worker
     for (std::size_t q = 0; q < reps_.size(); ++q) {
       if (q == k) continue;
       auto& pub = reps_[q]->published;
@@ -580,8 +585,13 @@ class FleetSim {
         peer.load = pub.front().load;
         std::erase_if(peer.since, [&](const auto& d) { return d.first <= peer.covered; });
       }
-      for (std::size_t i = 0; i < peer.load.size(); ++i) rep.remote[i].add(peer.load[i]);
-      for (const auto& d : peer.since) rep.remote[d.second.first].add(d.second.second);
+      for (std::size_t i = 0; i < peer.load.size(); ++i) parts[i].push_back({now, peer.load[i]});
+      for (const auto& d : peer.since) parts[d.second.first].push_back(d.second.second);
+    }
+    // As the daemon's SharedState hands it on: per worker one queue, drained in the order its parts came.
+    for (std::size_t i = 0; i < n_; ++i) {
+      rep.remote[i] = policy::queued_at(std::move(parts[i]), now);
+      rep.remote_at[i] = now;
     }
   }
 
@@ -663,7 +673,11 @@ class FleetSim {
       l.prefill_queue.fill(v, t);
       v.active_decode_tokens = l.active_decode;
       v.inflight_kv_tokens = l.inflight_kv;
-      if (sharing_) rep.remote[i].add_to(v);
+      if (sharing_) {
+        policy::LoadShare remote = rep.remote[i];
+        remote.drain(t - rep.remote_at[i]);
+        remote.add_to(v);
+      }
       v.running = ws.running;
       v.waiting = ws.waiting;
       v.kv_usage = ws.kv_usage;

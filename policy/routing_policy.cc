@@ -25,6 +25,19 @@ std::string_view reason_name(Reason r) {
   return "unknown";
 }
 
+LoadShare queued_at(std::vector<TimedShare> parts, double now) {
+  std::stable_sort(parts.begin(), parts.end(), [](const TimedShare& a, const TimedShare& b) { return a.at < b.at; });
+  LoadShare sum;
+  double t = parts.empty() ? now : parts.front().at;
+  for (const TimedShare& p : parts) {
+    sum.drain(p.at - t);
+    t = std::max(t, p.at);
+    sum.add(p.load);
+  }
+  sum.drain(now - t);
+  return sum;
+}
+
 double RoutingPolicy::estimate(const RoutingContext&, std::size_t) const {
   return std::numeric_limits<double>::quiet_NaN();
 }

@@ -86,7 +86,32 @@ struct LoadShare {
     v.pending_prefill_s += pending_prefill_s;
     v.oldest_prefill_s = std::max(v.oldest_prefill_s, oldest_prefill_s);
   }
+  // What is left of the pending prefill `seconds` later: a worker works through its prefill queue at one second
+  // of (estimated) prefill per second, so what another replica reported, or a request it routed, shrinks as
+  // it ages; the tokens in proportion. The requests stay in flight (their decode is not modelled here).
+  void drain(double seconds) {
+    if (!(seconds > 0) || !(pending_prefill_s > 0)) return;
+    const double left = std::max(0.0, pending_prefill_s - seconds);
+    const double tokens = static_cast<double>(pending_prefill_tokens) * (left / pending_prefill_s);
+    pending_prefill_tokens = static_cast<std::uint64_t>(std::llround(tokens));
+    pending_prefill_s = left;
+    oldest_prefill_s = std::min(oldest_prefill_s, left);
+  }
 };
+
+// One part of the others' load on a worker, and when it was learned (seconds on this replica's clock): a
+// replica's published load when it was read, or a routed record when it arrived.
+struct TimedShare {
+  double at = 0;
+  LoadShare load;
+};
+
+// The others' load on one worker as of `now`, from its parts. Their prefill is one queue on the worker, so it
+// drains as a single-server queue does (Lindley's recursion, W' = max(0, W - elapsed) + arriving work, in the
+// order the parts came): without it, a request routed by another replica still counted as queued until that
+// replica's next published load, 25-50 ms later, long after a short prefill was done, and kv_cost sent the
+// next request for that prefix elsewhere (tests/e2e/replicas_e2e_test.cc, precise mode).
+LoadShare queued_at(std::vector<TimedShare> parts, double now);
 
 // `blocks` leading blocks of a prompt as tokens: blocks x tokens per block, at most the prompt's tokens.
 inline std::uint64_t tokens_of_blocks(std::uint64_t blocks, double tokens_per_block, std::uint64_t prompt_tokens) {

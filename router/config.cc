@@ -345,8 +345,12 @@ const std::vector<Option>& options() {
        DOUBLE_OPT(metrics_interval_s, 0, 3600)},
       {"worker-kv-blocks", "N", "KV capacity of a worker in blocks when it reports none (default 0: unbounded)",
        INT_OPT(std::uint64_t, worker_kv_blocks, 0, 1ull << 40)},
-      {"prefill-tokens-per-s", "N", "prefill rate assumed before it is learned (default 20000)",
+      {"prefill-tokens-per-s", "N", "prefill rate assumed before it is learned (default 20000); learning moves at most 4x from it",
        DOUBLE_OPT(prefill_tokens_per_s, 1, 1e9)},
+      {"decode-step-s", "SECONDS",
+       "time of one decode step of a small batch assumed before it is learned from inter-token latency "
+       "(default 0.02); learning moves at most 4x from it",
+       DOUBLE_OPT(decode_step_s, 1e-6, 10)},
       {"worker-max-seqs", "N",
        "the workers' cap on running sequences (vLLM --max-num-seqs, SGLang --max-running-requests); kv_cost "
        "prices admission beyond it and sessions are not moved onto a worker with 70 % of it in flight "

@@ -141,6 +141,7 @@ struct Config {
   double metrics_interval_s = 1;    // poll each worker's /metrics; 0 disables
   std::uint64_t worker_kv_blocks = 0;  // KV capacity per worker in blocks when the worker reports none
   double prefill_tokens_per_s = 20000;  // starting prefill rate before learning
+  double decode_step_s = 0.02;          // starting decode step (empty batch) before learning
   std::uint32_t worker_max_seqs = 256;  // a worker's cap on running sequences (vLLM --max-num-seqs)
   // Load shedding (Router::route): a request marked sheddable is refused with 429 while no worker that could
   // serve it has room. The thresholds are those of the Kubernetes Gateway API Inference Extension's

@@ -194,6 +194,7 @@ void ReplicaSync::apply_rates(const std::string& worker, const policy::WorkerRat
 
 void ReplicaSync::apply_remote_load(std::vector<shared_state::WorkerLoad> load) {
   std::vector<Router::RemoteLoad> by_id;
+  const double as_of_s = load.empty() ? 0 : load.front().at;  // shared_state::wire::queued_at: one time for all
   if (!load.empty()) {
     const auto workers = registry_.snapshot();
     for (const auto& l : load) {
@@ -205,7 +206,7 @@ void ReplicaSync::apply_remote_load(std::vector<shared_state::WorkerLoad> load) 
                                      l.oldest_prefill_s};
     }
   }
-  router_.set_remote_load(std::move(by_id));
+  router_.set_remote_load(std::move(by_id), as_of_s);
   if (state_) publish_metrics();
 }
 

@@ -29,6 +29,7 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
         index_.set_capacity(w.id(), config_.worker_kv_blocks);
         policy::WorkerRates prior;
         prior.prefill_tokens_per_s = config_.prefill_tokens_per_s;
+        prior.decode_step_s = config_.decode_step_s;
         learner_.set_prior(w.id(), prior);
       },
       [this](const backends::Worker& w) {
@@ -166,23 +167,29 @@ void Router::adopt_session(std::uint64_t key_hash, hashing::WorkerId worker) {
   bind_session(shared_state::wire::hex64(key_hash), worker);
 }
 
-void Router::set_remote_load(std::vector<RemoteLoad> by_worker) {
+void Router::set_remote_load(std::vector<RemoteLoad> by_worker, double as_of_s) {
   auto next = by_worker.empty() ? nullptr : std::make_shared<const std::vector<RemoteLoad>>(std::move(by_worker));
   std::lock_guard lock(remote_mu_);
   remote_load_ = std::move(next);
+  remote_as_of_s_ = as_of_s;
 }
 
 void Router::add_remote_load(std::vector<policy::WorkerView>& views) const {
   std::shared_ptr<const std::vector<RemoteLoad>> remote;
+  double as_of_s = 0;
   {
     std::lock_guard lock(remote_mu_);
     remote = remote_load_;
+    as_of_s = remote_as_of_s_;
   }
   if (!remote) return;
+  const double age_s = as_of_s > 0 ? seconds_since_epoch(std::chrono::steady_clock::now()) - as_of_s : 0;
   // Every replica's requests load the same workers: a worker is priced by the sum (architecture section 11).
   for (auto& v : views) {
     if (v.id >= remote->size()) continue;
-    (*remote)[v.id].add_to(v);
+    RemoteLoad l = (*remote)[v.id];
+    l.drain(age_s);
+    l.add_to(v);
   }
 }
 

@@ -155,9 +155,11 @@ class Router {
   void expect_elsewhere(hashing::WorkerId worker, std::span<const hashing::BlockHash> chain, std::size_t computes_from);
   void adopt_response(const std::string& id, hashing::WorkerId worker);
   void seed_rates(hashing::WorkerId worker, const policy::WorkerRates& rates) { learner_.seed(worker, rates); }
-  // The other replicas' load, indexed by worker id (replaces the previous one; empty: none known).
+  // The other replicas' load, indexed by worker id (replaces the previous one; empty: none known), as of
+  // `as_of_s` (seconds on the steady clock): route() drains its pending prefill by the time since
+  // (policy::LoadShare::drain).
   using RemoteLoad = policy::LoadShare;
-  void set_remote_load(std::vector<RemoteLoad> by_worker);
+  void set_remote_load(std::vector<RemoteLoad> by_worker, double as_of_s = 0);
 
   // Background responses ("background": true, not streamed) are answered "queued" at once and run on their
   // worker afterwards. complete() keeps such a request's load (in flight, its context in decode) on the worker
@@ -254,6 +256,7 @@ class Router {
   std::atomic<shared_state::SharedState*> shared_{nullptr};
   mutable std::mutex remote_mu_;
   std::shared_ptr<const std::vector<RemoteLoad>> remote_load_;  // guarded by remote_mu_
+  double remote_as_of_s_ = 0;                                    // guarded by remote_mu_
 
   // The newest --response-ids ids (the least recently seen forgotten first).
   mutable std::mutex responses_mu_;

@@ -4,9 +4,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <cerrno>
 #include <random>
 
 #include <hiredis/hiredis.h>
@@ -451,6 +450,7 @@ bool SharedState::exchange_load() {
         Peer& p = peers_[others[i]];
         p.covered = std::max(p.covered, wire::load_seq(text));
         wire::add_load(text, p.load);
+        for (auto& l : p.load) l.at = wire::steady_seconds(now);
         std::erase_if(p.since, [&](const auto& d) { return d.first <= p.covered; });
         p.seen = now;
         ++live;
@@ -468,13 +468,13 @@ bool SharedState::exchange_load() {
 }
 
 void SharedState::give_remote_load() {
-  std::vector<WorkerLoad> sum;
+  std::vector<WorkerLoad> parts;
   for (const auto& [id, p] : peers_) {
-    for (const auto& l : p.load) wire::add_load(l, sum);
-    for (const auto& [seq, l] : p.since) wire::add_load(l, sum);
+    parts.insert(parts.end(), p.load.begin(), p.load.end());
+    for (const auto& [seq, l] : p.since) parts.push_back(l);
   }
   peers_changed_ = false;
-  handler_.apply_remote_load(std::move(sum));
+  handler_.apply_remote_load(wire::queued_at(parts, wire::steady_seconds(std::chrono::steady_clock::now())));
 }
 
 bool SharedState::exchange_rates() {
@@ -570,9 +570,9 @@ void SharedState::apply_record(std::span<const std::pair<std::string_view, std::
       Peer& p = peers_[std::string(field("r"))];
       // Bounded: a sender whose published load never comes (it stopped) is forgotten at the next exchange.
       if (r.seq > p.covered && p.since.size() < 100'000) {
-        WorkerLoad w{worker, l->in_flight, l->pending_prefill_tokens, l->pending_prefill_s, 0, l->active_decode_tokens};
-        p.since.emplace_back(r.seq, std::move(w));
-        p.seen = std::chrono::steady_clock::now();
+        p.seen = Clock::now();
+        p.since.emplace_back(r.seq, WorkerLoad{worker, l->in_flight, l->pending_prefill_tokens, l->pending_prefill_s, 0,
+                                               l->active_decode_tokens, wire::steady_seconds(p.seen)});
         peers_changed_ = true;
       }
     }

@@ -76,6 +76,9 @@ struct WorkerLoad {
   double pending_prefill_s = 0;
   double oldest_prefill_s = 0;
   std::uint64_t active_decode_tokens = 0;
+  // When this replica learned it (read the load, received the record), in seconds on its steady clock; for the
+  // sum handed to the router, the time its pending prefill is as of (policy::queued_at).
+  double at = 0;
 };
 
 struct Routed {

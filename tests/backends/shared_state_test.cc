@@ -56,6 +56,24 @@ TEST(SharedStateWire, LoadsAreSummedPerWorker) {
   EXPECT_EQ(sum[1].in_flight, 1u);
 }
 
+// What the router is handed: per worker, every replica's published load and routed records, as one queue drained
+// to the time it is handed on (policy::queued_at).
+TEST(SharedStateWire, TheOthersLoadDrainsAsOneQueuePerWorker) {
+  const std::vector<WorkerLoad> parts{{"http://a:1", 2, 2000, 0.020, 0.010, 40, 10.000},  // a replica's load
+                                      {"http://a:1", 1, 1000, 0.010, 0, 0, 10.030},       // a record, later
+                                      {"http://b:1", 1, 500, 0.005, 0.005, 0, 10.000}};
+  const auto sum = wire::queued_at(parts, 10.035);
+  ASSERT_EQ(sum.size(), 2u);
+  EXPECT_EQ(sum[0].worker, "http://a:1");
+  EXPECT_EQ(sum[0].in_flight, 3u);
+  EXPECT_NEAR(sum[0].pending_prefill_s, 0.005, 1e-9);  // the first 20 ms done by 10.030, then 5 of the record's 10
+  EXPECT_EQ(sum[0].pending_prefill_tokens, 500u);
+  EXPECT_EQ(sum[0].active_decode_tokens, 40u);
+  EXPECT_DOUBLE_EQ(sum[0].at, 10.035);
+  EXPECT_EQ(sum[1].pending_prefill_s, 0.0);  // b's prefill was done at 10.005
+  EXPECT_EQ(sum[1].in_flight, 1u);
+}
+
 TEST(SharedStateWire, PublishedLoadSaysWhichRoutedRecordsItCovers) {
   const std::string text = wire::pack_load_seq(42) + wire::pack_load({{"http://a:1", 2, 100, 0.5, 0.3, 40}});
   EXPECT_EQ(wire::load_seq(text), 42u);

@@ -28,6 +28,14 @@ using namespace std::chrono_literals;
 
 constexpr int kWorkers = 4;
 constexpr int kTenantBlocks = 400;
+// The workers' prefill rate and decode step, as an operator configures the priors for their hardware. Qwen3-8B
+// on an H100 in kvroute-sim prefills 2 x 8.2e9 FLOP per token at 989 TFLOP/s x 0.675, 40.7K tokens/s at short
+// context, 26.5K at the reference context of policy/rate_learner.h (x 1 / (1 + 12,288 / 23,000)), and decodes
+// a small batch in about 7 ms (16.4 GB of weights at 3.35 TB/s plus 2 ms of step overhead); the workers run at
+// --speed 20: 530K tokens/s and 0.35 ms. With the defaults (20K, 20 ms) the learner, which moves at most 4x from
+// a prior, stays 7x slow on both, and the prices of queueing and recomputing lose their proportions.
+const char* kPrefillPrior = "530000";
+const char* kDecodeStepPrior = "0.00035";
 const char* kRedisServer = "/usr/bin/redis-server";
 
 // One redis-server on loopback without persistence; restartable on the same port.
@@ -187,7 +195,9 @@ class Replicas {
   void start(int i) {
     std::vector<std::string> argv{bin("kvroute"), "--listen", "127.0.0.1:" + std::to_string(api_[i]),
                                   "--admin-listen", "127.0.0.1:" + std::to_string(admin_[i]), "--threads", "1",
-                                  "--health-interval", "0.2", "--healthy-threshold", "1"};
+                                  "--health-interval", "0.2", "--healthy-threshold", "1",
+                                  "--prefill-tokens-per-s", kPrefillPrior, "--decode-step-s", kDecodeStepPrior};
+    if (std::getenv("KVROUTE_TEST_ACCESS_LOG")) argv.insert(argv.end(), {"--access-log", "true"});
     for (int w = 0; w < kWorkers; ++w) {
       std::string url = worker_url(w);
       if (precise_) {
@@ -394,10 +404,7 @@ TEST(ReplicasE2E, ApproximateHitRateMatchesOneReplica) {
               one.sessions.hit_rate(), one.ttft_sessions, three.sessions.hit_rate(), three.ttft_sessions,
               three.sessions.hit_rate() / one.sessions.hit_rate(), three.ttft_sessions / one.ttft_sessions);
   EXPECT_EQ(three.tenants.failed + three.sessions.failed, 0);
-  // The acceptance is 0.97x on both. Sessions hold it; tenants measured 0.969-1.000x over twelve runs on a quiet
-  // two-core machine and down to 0.931x under a load average of 10 (the first requests for a tenant at two
-  // replicas within the stream's delay both go cold), so its check is a guard against sharing broken outright.
-  EXPECT_GE(three.tenants.hit_rate(), 0.95 * one.tenants.hit_rate());
+  EXPECT_GE(three.tenants.hit_rate(), 0.97 * one.tenants.hit_rate());
   EXPECT_GE(three.sessions.hit_rate(), 0.97 * one.sessions.hit_rate());
   EXPECT_LE(three.ttft_sessions, 1.10 * one.ttft_sessions);
 }
@@ -644,10 +651,7 @@ TEST(ReplicasE2E, PreciseHitRateMatchesOneReplica) {
   std::printf("precise tenants: 1 replica hit %.3f, 3 replicas %.3f (%.3fx)\n", one.hit_rate(), three.hit_rate(),
               three.hit_rate() / one.hit_rate());
   EXPECT_EQ(one.failed + three.failed, 0);
-  // The target is 0.99x, not met: runs on a two-core machine measured 0.955-0.997x (a few of the 288 warm
-  // requests sent elsewhere than the worker holding their tenant's prefix, cause not yet found; the same with
-  // the binary of several changes before), so the test holds 0.95x, a guard against sharing broken outright.
-  EXPECT_GE(three.hit_rate(), 0.95 * one.hit_rate());
+  EXPECT_GE(three.hit_rate(), 0.99 * one.hit_rate());
 }
 
 // A replica joining a busy fleet in precise mode replays every worker's event buffer before it is ready: the

@@ -324,6 +324,30 @@ TEST(SessionAffinity, KeepsBoundWorkerWithinMarginOnly) {
   EXPECT_EQ(rr->pick(s.context())->worker, 0u);
 }
 
+// The other replicas' prefill on a worker is one queue: it drains at one second per second in the order its
+// parts came (Lindley's recursion), not each part on its own, and the requests stay in flight.
+TEST(RemoteLoad, DrainsAsOneQueue) {
+  LoadShare a{1, 1000, 0, 0.010, 0.010};  // one request, 10 ms of prefill
+  // Two requests routed at once: 20 ms of work; 15 ms later 5 ms are left.
+  LoadShare both = queued_at({{0.0, a}, {0.0, a}}, 0.015);
+  EXPECT_NEAR(both.pending_prefill_s, 0.005, 1e-12);
+  EXPECT_EQ(both.pending_prefill_tokens, 500u);  // the tokens in proportion
+  EXPECT_EQ(both.in_flight, 2u);
+  // The second came when the first was done: only its own 10 ms, half of it left.
+  LoadShare apart = queued_at({{0.020, a}, {0.0, a}}, 0.025);
+  EXPECT_NEAR(apart.pending_prefill_s, 0.005, 1e-12);
+  // Long done: nothing queued, still in flight (their decode is not drained).
+  LoadShare old = queued_at({{0.0, a}}, 1.0);
+  EXPECT_EQ(old.pending_prefill_s, 0.0);
+  EXPECT_EQ(old.pending_prefill_tokens, 0u);
+  EXPECT_EQ(old.oldest_prefill_s, 0.0);
+  EXPECT_EQ(old.in_flight, 1u);
+  // Time running backwards (parts learned after `now`) drains nothing.
+  LoadShare early = a;
+  early.drain(-1.0);
+  EXPECT_EQ(early.pending_prefill_s, 0.010);
+}
+
 // The queue kv_cost reads behind a long prefill: total and oldest estimate by sending order, and the time since
 // the last first token, which a request ending without one does not restart.
 TEST(PrefillQueue, TotalOldestAndTimeSinceTheLastFirstToken) {
