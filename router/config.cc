@@ -345,7 +345,8 @@ const std::vector<Option>& options() {
        DOUBLE_OPT(metrics_interval_s, 0, 3600)},
       {"worker-kv-blocks", "N", "KV capacity of a worker in blocks when it reports none (default 0: unbounded)",
        INT_OPT(std::uint64_t, worker_kv_blocks, 0, 1ull << 40)},
-      {"prefill-tokens-per-s", "N", "prefill rate assumed before it is learned (default 20000); learning moves at most 4x from it",
+      {"prefill-tokens-per-s", "N",
+       "prefill rate assumed before it is learned (default 20000); learning moves at most 4x from it",
        DOUBLE_OPT(prefill_tokens_per_s, 1, 1e9)},
       {"decode-step-s", "SECONDS",
        "time of one decode step of a small batch assumed before it is learned from inter-token latency "
