@@ -665,10 +665,11 @@ TEST(ReplicasE2E, NewReplicaInPreciseModeJoinsABusyFleet) {
   std::atomic<bool> stop{false};
   std::atomic<int> background_failed{0};
   std::vector<std::thread> busy;
+  const int old_ports[2] = {fleet.api(0), fleet.api(1)};  // read before fleet.add() grows the fleet's lists
   for (int t = 0; t < 3; ++t) {
     busy.emplace_back([&, t] {
       for (int i = 0; !stop; ++i) {
-        if (send_tokens(fleet.api((t + i) % 2), tenant_tokens(10000 + t * 100000 + i)).status != 200) ++background_failed;
+        if (send_tokens(old_ports[(t + i) % 2], tenant_tokens(10000 + t * 100000 + i)).status != 200) ++background_failed;
       }
     });
   }
