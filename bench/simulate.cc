@@ -376,6 +376,7 @@ class FleetSim {
     double finish = -1;
     double queue_est = 0;
     double estimate = 0;                 // the pick's TTFT estimate (what the learner learns from; debug dump)
+    double uncorrected_estimate = 0;     // the TTFT reported before the learned correction (what the learner checks)
     double reported_estimate = 0;        // the same as reported, corrected by the worker's learned error (calibration)
     double itl_estimate = 0;             // the pick's ITL estimate (calibration)
     std::uint64_t pending_at_dispatch = 0;  // worker's pending prefill tokens when routed (debug dump)
@@ -492,7 +493,7 @@ class FleetSim {
     obs.decode_context_tokens = f.decode_context;
     obs.output_tokens = u.completion_tokens;
     obs.itl_s = u.completion_tokens >= 2 ? (t - f.first_token) / (u.completion_tokens - 1) : 0.0;
-    obs.estimated_ttft_s = f.estimate;
+    obs.estimated_ttft_s = f.uncorrected_estimate;
     obs.estimated_itl_s = f.itl_estimate;
     rep.learner.observe(w, obs);
   }
@@ -726,6 +727,7 @@ class FleetSim {
     // As the daemon's Decision::queue_s: the pending prefill of the view the pick saw (the others' included).
     f.queue_est = static_cast<double>(views_[wi].pending_prefill_tokens) / std::max(views_[wi].prefill_tokens_per_s, 1.0);
     f.estimate = pick ? pick->estimate_s : 0.0;
+    f.uncorrected_estimate = pick ? policy::uncorrected_ttft_estimate(*pick, views_[wi]) : 0.0;
     f.reported_estimate = pick ? policy::corrected_ttft_estimate(*pick, views_[wi]) : 0.0;
     f.itl_estimate = pick ? pick->itl_estimate_s : 0.0;
     f.pending_at_dispatch = views_[wi].pending_prefill_tokens;

@@ -46,6 +46,10 @@ double RoutingPolicy::itl_estimate(const RoutingContext&, std::size_t) const {
   return std::numeric_limits<double>::quiet_NaN();
 }
 
+double RoutingPolicy::expected_ttft(const RoutingContext&, std::size_t) const {
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
 namespace detail {
 
 std::optional<std::size_t> least_loaded(const RoutingContext& ctx) {

@@ -154,14 +154,28 @@ struct Pick {
   std::uint64_t predicted_cached_tokens = 0;
   double estimate_s = 0.0;                     // predicted TTFT, when the policy models it (else 0)
   double itl_estimate_s = 0.0;                 // predicted mean inter-token latency there (else 0)
+  // The TTFT the policy expects, for reporting (RoutingPolicy::expected_ttft), 0 when it has no such model.
+  // estimate_s is what routing compares; this one drops what is priced for routing's sake (see kv_cost).
+  double expected_ttft_s = 0.0;
 };
 
+// The TTFT the router reports before the learned correction: the pick's expected TTFT, or, for a policy
+// without one, its estimate plus the worker's learned fixed part (WorkerView::base_ttft_s: front end, first
+// step), which estimates leave out because it is the same on every worker. 0 when the pick has no estimate.
+inline double uncorrected_ttft_estimate(const Pick& pick, const WorkerView& chosen) {
+  if (pick.expected_ttft_s > 0) return pick.expected_ttft_s;
+  return pick.estimate_s > 0 ? pick.estimate_s + chosen.base_ttft_s : 0.0;
+}
+
 // The TTFT estimate as the router reports it (the kvroute_estimate_ratio histogram, the benchmark's calibration):
-// the pick's own estimate, corrected by what the chosen worker's past estimates were off by (its learned
-// observed / estimated ratio, WorkerView::ttft_correction, the geometric mean over recent requests). The learner
-// keeps learning from the uncorrected estimate, so the correction does not chase itself.
+// uncorrected_ttft_estimate(), times what the chosen worker's past ones were off by (its learned observed /
+// estimated ratio, WorkerView::ttft_correction, the geometric mean over recent requests). The learner learns
+// from the uncorrected value (RateObservation::estimated_ttft_s), so the correction does not chase itself.
+// The fixed part and the expected (not priced) TTFT matter more than the ratio: on the benchmark family the
+// routing estimate alone, corrected so, was off by a median 26 % (docs/benchmarks.md, "Calibration"), because a
+// ratio cannot fit a fixed part that dominates short requests and a queue overstated on loaded workers at once.
 inline double corrected_ttft_estimate(const Pick& pick, const WorkerView& chosen) {
-  return pick.estimate_s * chosen.ttft_correction;
+  return uncorrected_ttft_estimate(pick, chosen) * chosen.ttft_correction;
 }
 
 class RoutingPolicy {
@@ -175,6 +189,9 @@ class RoutingPolicy {
   virtual double estimate(const RoutingContext& ctx, std::size_t i) const;
   // Predicted mean inter-token latency of the request on workers[i]; NaN without a latency model.
   virtual double itl_estimate(const RoutingContext& ctx, std::size_t i) const;
+  // The TTFT the request is expected to have on workers[i], for reporting (Pick::expected_ttft_s); NaN
+  // without such a model.
+  virtual double expected_ttft(const RoutingContext& ctx, std::size_t i) const;
   // Whether the policy reads prefix matches (the router skips matching for prefix-blind policies).
   virtual bool uses_prefix_match() const { return false; }
   // Whether the router may hold a request sent where its prefix is still being computed by an earlier one

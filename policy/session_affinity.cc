@@ -27,6 +27,7 @@ class SessionAffinity final : public RoutingPolicy {
   bool waits_for_computing_prefix() const override { return inner_->waits_for_computing_prefix(); }
   double estimate(const RoutingContext& ctx, std::size_t i) const override { return inner_->estimate(ctx, i); }
   double itl_estimate(const RoutingContext& ctx, std::size_t i) const override { return inner_->itl_estimate(ctx, i); }
+  double expected_ttft(const RoutingContext& ctx, std::size_t i) const override { return inner_->expected_ttft(ctx, i); }
 
   std::optional<Pick> pick(const RoutingContext& ctx) const override {
     std::optional<Pick> best = inner_->pick(ctx);
@@ -42,8 +43,9 @@ class SessionAffinity final : public RoutingPolicy {
     const double bound_estimate = inner_->estimate(ctx, bound);
     if (target_near_cap || std::isnan(bound_estimate) || bound_estimate <= best->estimate_s + margin_) {
       const double itl = inner_->itl_estimate(ctx, bound);
+      const double expected = inner_->expected_ttft(ctx, bound);
       return Pick{bound, Reason::kSession, ctx.matched_tokens(bound), std::isnan(bound_estimate) ? 0.0 : bound_estimate,
-                  std::isnan(itl) ? 0.0 : itl};
+                  std::isnan(itl) ? 0.0 : itl, std::isnan(expected) ? 0.0 : expected};
     }
     return best;
   }

@@ -258,7 +258,7 @@ void Router::complete(Decision& d, const Outcome& outcome) {
                   static_cast<double>(u.completion_tokens - 1);
     }
     obs.decode_context_tokens = d.decode_context_tokens;
-    obs.estimated_ttft_s = d.pick.estimate_s;
+    obs.estimated_ttft_s = d.estimated_ttft_s;
     obs.estimated_itl_s = d.pick.itl_estimate_s;
     learner_.observe(d.worker->id(), obs);
     metrics_.estimate_ratio(obs.ttft_s, d.reported_ttft_s, obs.itl_s, obs.estimated_itl_s);

@@ -51,6 +51,7 @@ struct Decision {
   // TTFT and no usage; unless streamed, its load stays held after that answer (Router::holds_background).
   bool background = false;
   double queue_s = 0;              // prefill work the router believed queued ahead at dispatch (seconds)
+  double estimated_ttft_s = 0;     // the same before the learned correction (what the learner checks)
   double reported_ttft_s = 0;      // the TTFT estimate as reported (policy::corrected_ttft_estimate)
   std::uint64_t prefill_ticket = 0;  // its place in the worker's prefill queue (backends::Worker::begin)
   std::uint64_t decode_context_tokens = 0;  // the worker's active decode tokens at dispatch

@@ -254,6 +254,47 @@ TEST(KvCost, QueueBehindALongPrefillCountsItsProgress) {
   EXPECT_NEAR(p->estimate(s.context(), 0), fresh, 1e-9);
 }
 
+// What kv_cost reports (Pick::expected_ttft_s) is the TTFT it expects, not the one it compares: the worker's fixed
+// part included, the queue credited in full with the work done on it, and admission behind a full pool as the
+// engine's waiting line; the routing estimate is unchanged by any of it.
+TEST(KvCost, ExpectedTtftAddsTheFixedPartAndCreditsTheQueuesProgress) {
+  auto p = make("kv_cost");
+  Scene s(1);
+  WorkerView& w = s.workers[0];
+  w.prefill_tokens_per_s = 1000;
+  w.base_ttft_s = 0.05;
+  const double prefill = prefill_seconds(1000, 0, 1000);
+  EXPECT_NEAR(p->estimate(s.context(), 0), prefill, 1e-9);
+  EXPECT_NEAR(p->expected_ttft(s.context(), 0), 0.05 + prefill, 1e-9);
+  w.pending_prefill_tokens = 500;  // 0.5 s queued, 0.2 s of it done: routing counts 0.5 s, 0.3 s are left
+  w.pending_prefill_s = 0.5;
+  w.oldest_prefill_s = 0.5;
+  w.prefill_elapsed_s = 0.2;
+  EXPECT_NEAR(p->estimate(s.context(), 0), 0.5 + prefill, 1e-9);
+  EXPECT_NEAR(p->expected_ttft(s.context(), 0), 0.05 + 0.3 + prefill, 1e-9);
+  const auto pick = p->pick(s.context());
+  ASSERT_TRUE(pick);
+  EXPECT_NEAR(pick->expected_ttft_s, 0.05 + 0.3 + prefill, 1e-9);
+  // A full pool: with 3 requests waiting and 20 running, each running one 100 tokens x 0.02 s from its end,
+  // the line moves every 0.1 s and this request is 4th in it.
+  w.pending_prefill_tokens = 0;
+  w.pending_prefill_s = w.oldest_prefill_s = w.prefill_elapsed_s = 0;
+  w.capacity_blocks = 1000;
+  w.kv_usage = 0.95;
+  w.running = 20;
+  w.waiting = 3;
+  w.decode_step_s = 0.02;
+  s.ctx.max_tokens = 100;
+  const double step = 0.02;  // the chunked-prefill step a decoding worker adds
+  EXPECT_NEAR(p->expected_ttft(s.context(), 0), 0.05 + step + prefill + 4 * 100 * 0.02 / 20, 1e-9);
+  w.waiting = 0;  // nobody waits: admitted at once
+  EXPECT_NEAR(p->expected_ttft(s.context(), 0), 0.05 + step + prefill, 1e-9);
+  // A policy without an expected TTFT reports its estimate plus the fixed part.
+  Pick plain;
+  plain.estimate_s = 0.2;
+  EXPECT_NEAR(corrected_ttft_estimate(plain, w), 0.25, 1e-12);
+}
+
 // A prompt of 24K tokens or more pays for the TTFT it would have above the fleet's recent tail, so it does not
 // wait into the tail for part of its prefix when another worker would serve it below. Shorter prompts do not.
 TEST(KvCost, LongPromptsAvoidWaitingIntoTheFleetsTail) {
