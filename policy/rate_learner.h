@@ -13,8 +13,8 @@
 // the request at its head in full although it is partly done, which made P look ~30 % too fast at load) (so P_w stays quoted at the reference context whatever the prompt sizes). Samples are clamped to [1/4, 4] x the prior,
 // so one request stuck behind an unmodelled burst cannot swing the rate. The decode step is modelled as
 // step(batch) = decode_step_s + decode_step_per_token_s x batch context tokens (memory-bound decode reads the
-// weights and every running sequence's KV), and an EMA of observed ITL / step(batch) corrects it. The errors of
-// the pick's own estimates are learned too (WorkerRates::ttft_log_error). X_w keeps its prior unless requests that were mostly loaded from the CPU
+// weights and every running sequence's KV), and an EMA of observed ITL / step(batch) corrects it. The error of
+// the TTFT the router reports is learned too (WorkerRates::ttft_log_error, policy::corrected_ttft_estimate). X_w keeps its prior unless requests that were mostly loaded from the CPU
 // tier show otherwise (same EMA, on the CPU-tier part of the TTFT).
 //
 //   RateLearner learner;
@@ -64,8 +64,11 @@ struct WorkerRates {
   std::uint64_t prefill_samples = 0;
   std::uint64_t decode_samples = 0;
   // Self-correction (architecture section 7, "estimates are checked"): for every completed request whose pick
-  // carried estimates, EMAs of ln(observed / estimated) (the correction kv_cost applies to its TTFT estimate is
-  // exp(ttft_log_error)) and of |observed / estimated - 1| (the error, as exported), for TTFT and ITL.
+  // carried estimates, EMAs of ln(observed / estimated) (exp(ttft_log_error) is the correction applied to the
+  // TTFT the router reports, policy::corrected_ttft_estimate) and of |observed / estimated - 1|, for TTFT and ITL.
+  // The TTFT estimate checked is the uncorrected reported one (policy::uncorrected_ttft_estimate: the pick's
+  // expected TTFT, fixed part included), not the routing estimate: a ratio corrects a bias, and the routing
+  // estimate's error is no single ratio (it leaves out the fixed part, which dominates short requests).
   double ttft_log_error = 0.0;
   double ttft_abs_error = 0.0;
   double itl_abs_error = 0.0;
@@ -81,7 +84,8 @@ struct RateObservation {
   double itl_s = 0;                // mean inter-token latency of the request (0 when < 2 output tokens)
   std::uint64_t decode_context_tokens = 0;  // router-tracked active decode tokens of the worker while it decoded
   std::uint32_t output_tokens = 0;
-  // What the pick estimated for this request (Pick::estimate_s, Pick::itl_estimate_s); 0 when it did not.
+  // The TTFT reported for this request before the learned correction (policy::uncorrected_ttft_estimate) and
+  // the pick's ITL estimate (Pick::itl_estimate_s); 0 when there was none.
   double estimated_ttft_s = 0;
   double estimated_itl_s = 0;
 };
