@@ -129,8 +129,8 @@ class KvCost final : public RoutingPolicy {
   struct Terms {
     double ttft = 0, evict = 0, dup = 0, delay = 0, tail = 0;
     // The TTFT expected, as reported (Pick::expected_ttft_s), which routing does not compare: `ttft` prices
-    // the queue and the admission wait for routing's sake (a margin against overload), the same on every
-    // worker it leaves out the fixed part. Here, instead:
+    // the queue and the admission wait for routing's sake (a margin against overload), and leaves out the
+    // fixed part, which every worker has. Here, instead:
     //  - base: the worker's learned fixed part (front end, first step; WorkerView::base_ttft_s); for short
     //    requests it is most of the TTFT (on the benchmark family, estimate + base alone took the median error
     //    of the reported estimate from 26 % to 14 %);
