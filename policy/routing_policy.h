@@ -57,7 +57,7 @@ struct WorkerView {
   double decode_step_s = 0.02;                // time of one decode step at the current batch
   double decode_step_per_token_s = 0;         // what one more context token in the batch adds to a step
   double base_ttft_s = 0;                     // fixed part of TTFT (front end, first step), learned
-  double ttft_correction = 1;                 // learned observed / expected TTFT (RateLearner): corrects the reported one
+  double ttft_correction = 1;                 // learned observed / expected TTFT (RateLearner), for reports
   std::uint32_t max_running = 256;            // running-sequence cap (batch size)
 };
 
