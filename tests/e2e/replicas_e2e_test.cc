@@ -197,6 +197,8 @@ class Replicas {
                                   "--admin-listen", "127.0.0.1:" + std::to_string(admin_[i]), "--threads", "1",
                                   "--health-interval", "0.2", "--healthy-threshold", "1",
                                   "--prefill-tokens-per-s", kPrefillPrior, "--decode-step-s", kDecodeStepPrior};
+    // KVROUTE_TEST_ACCESS_LOG=1: each replica's access log (worker, reason, predicted and reported cached tokens
+    // of every request) in its log file, to see which requests went where.
     if (std::getenv("KVROUTE_TEST_ACCESS_LOG")) argv.insert(argv.end(), {"--access-log", "true"});
     for (int w = 0; w < kWorkers; ++w) {
       std::string url = worker_url(w);
