@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "util/steady_seconds.h"
+
 namespace kvroute::backends {
 
 Result<WorkerEndpoint> parse_worker_url(std::string_view url) {
@@ -40,12 +42,6 @@ Result<WorkerEndpoint> parse_worker_url(std::string_view url) {
   ep.url = "http://" + ep.name;
   return ep;
 }
-
-namespace {
-double steady_seconds(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(t.time_since_epoch()).count();
-}
-}  // namespace
 
 std::uint64_t Worker::begin(std::uint64_t uncached, double prefill_s, std::uint64_t kv_tokens) {
   in_flight_.fetch_add(1, std::memory_order_relaxed);

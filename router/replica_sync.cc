@@ -202,8 +202,7 @@ void ReplicaSync::apply_remote_load(std::vector<shared_state::WorkerLoad> load) 
       if (it == workers->end()) continue;
       const auto id = (*it)->id();
       if (id >= by_id.size()) by_id.resize(id + 1u);
-      by_id[id] = Router::RemoteLoad{l.in_flight, l.pending_prefill_tokens, l.active_decode_tokens, l.pending_prefill_s,
-                                     l.oldest_prefill_s};
+      by_id[id] = l.share();
     }
   }
   router_.set_remote_load(std::move(by_id), as_of_s);

@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "backends/shared_state/wire.h"
+#include "util/steady_seconds.h"
 
 namespace kvroute::router {
 namespace {
@@ -216,7 +217,7 @@ void Router::commit(Decision& d, const RoutableRequest& request, const policy::R
                                        std::chrono::duration<double>(config_.prefix_hold_s));
         }
       }
-      d.computing = computing_.begin(id, request.chain.hashes, m, seconds_since_epoch(d.start));
+      d.computing = computing_.begin(id, request.chain.hashes, m, steady_seconds(d.start));
     }
     index_.expect(d.worker->id(), request.chain.hashes);
     d.expected = request.chain.hashes;

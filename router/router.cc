@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include "backends/shared_state/wire.h"
+#include "util/steady_seconds.h"
 
 namespace kvroute::router {
 
@@ -20,7 +21,7 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
       response_owners_(config.response_ids) {
   // When workers' events store the blocks of requests in prefill, for the commit timing of prefix holds.
   index_.set_store_listener([this](hashing::WorkerId w, std::span<const hashing::BlockHash> blocks) {
-    computing_.stored(w, blocks, seconds_since_epoch(std::chrono::steady_clock::now()));
+    computing_.stored(w, blocks, steady_seconds(std::chrono::steady_clock::now()));
     hold_waiters_.stored(w, blocks);
   });
   registry_.subscribe({
@@ -75,7 +76,7 @@ void Router::computing_done(Decision& d, bool first_token) {
   if (token == 0) return;
   const auto id = d.worker->id();
   if (first_token) {
-    computing_.first_token(id, token, seconds_since_epoch(d.first_byte_at));
+    computing_.first_token(id, token, steady_seconds(d.first_byte_at));
   } else {
     computing_.end(id, token);
   }
@@ -159,7 +160,7 @@ void Router::expect_elsewhere(hashing::WorkerId worker, std::span<const hashing:
                               std::size_t computes_from) {
   index_.expect(worker, chain);
   if (config_.prefix_hold_s > 0 && policy_->waits_for_computing_prefix()) {
-    computing_.begin_elsewhere(worker, chain, computes_from, seconds_since_epoch(std::chrono::steady_clock::now()));
+    computing_.begin_elsewhere(worker, chain, computes_from, steady_seconds(std::chrono::steady_clock::now()));
   }
 }
 
@@ -183,7 +184,7 @@ void Router::add_remote_load(std::vector<policy::WorkerView>& views) const {
     as_of_s = remote_as_of_s_;
   }
   if (!remote) return;
-  const double age_s = as_of_s > 0 ? seconds_since_epoch(std::chrono::steady_clock::now()) - as_of_s : 0;
+  const double age_s = as_of_s > 0 ? steady_seconds(std::chrono::steady_clock::now()) - as_of_s : 0;
   // Every replica's requests load the same workers: a worker is priced by the sum (architecture section 11).
   for (auto& v : views) {
     if (v.id >= remote->size()) continue;

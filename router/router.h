@@ -196,10 +196,6 @@ class Router {
   void context(const RoutableRequest& request, const std::vector<policy::WorkerView>& views,
                hashing::PrefixIndex::Match& match, policy::RoutingContext& ctx, Session& session);
   void commit(Decision& d, const RoutableRequest& request, const policy::RoutingContext& ctx, const Session& session);
-  // Seconds on the steady clock, the time ComputingPrefixes is given.
-  static double seconds_since_epoch(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(t.time_since_epoch()).count();
-  }
   void match_prefix(const RoutableRequest& request, hashing::PrefixIndex::Match& out) const;
   // Load shedding, for a sheddable request: keeps only the candidates with room (--shed-queue-depth,
   // --shed-kv-usage), so it adds nothing to a saturated worker's queue; false when none has room. The

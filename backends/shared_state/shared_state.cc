@@ -11,6 +11,7 @@
 #include <hiredis/hiredis.h>
 
 #include "backends/shared_state/wire.h"
+#include "util/steady_seconds.h"
 
 namespace kvroute::shared_state {
 namespace {
@@ -450,7 +451,7 @@ bool SharedState::exchange_load() {
         Peer& p = peers_[others[i]];
         p.covered = std::max(p.covered, wire::load_seq(text));
         wire::add_load(text, p.load);
-        for (auto& l : p.load) l.at = wire::steady_seconds(now);
+        for (auto& l : p.load) l.at = steady_seconds(now);
         std::erase_if(p.since, [&](const auto& d) { return d.first <= p.covered; });
         p.seen = now;
         ++live;
@@ -474,7 +475,7 @@ void SharedState::give_remote_load() {
     for (const auto& [seq, l] : p.since) parts.push_back(l);
   }
   peers_changed_ = false;
-  handler_.apply_remote_load(wire::queued_at(parts, wire::steady_seconds(std::chrono::steady_clock::now())));
+  handler_.apply_remote_load(wire::queued_at(parts, steady_seconds(std::chrono::steady_clock::now())));
 }
 
 bool SharedState::exchange_rates() {
@@ -571,8 +572,7 @@ void SharedState::apply_record(std::span<const std::pair<std::string_view, std::
       // Bounded: a sender whose published load never comes (it stopped) is forgotten at the next exchange.
       if (r.seq > p.covered && p.since.size() < 100'000) {
         p.seen = Clock::now();
-        p.since.emplace_back(r.seq, WorkerLoad{worker, l->in_flight, l->pending_prefill_tokens, l->pending_prefill_s, 0,
-                                               l->active_decode_tokens, wire::steady_seconds(p.seen)});
+        p.since.emplace_back(r.seq, WorkerLoad::of(worker, *l, steady_seconds(p.seen)));
         peers_changed_ = true;
       }
     }

@@ -47,6 +47,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "hashing/block_chain.h"
@@ -76,9 +77,17 @@ struct WorkerLoad {
   double pending_prefill_s = 0;
   double oldest_prefill_s = 0;
   std::uint64_t active_decode_tokens = 0;
-  // When this replica learned it (read the load, received the record), in seconds on its steady clock; for the
-  // sum handed to the router, the time its pending prefill is as of (policy::queued_at).
+  // When this replica learned it (read the load, received the record), in seconds on its steady clock
+  // (steady_seconds); for the sum handed to the router, the time its pending prefill is as of (policy::queued_at).
   double at = 0;
+
+  policy::LoadShare share() const {
+    return {in_flight, pending_prefill_tokens, active_decode_tokens, pending_prefill_s, oldest_prefill_s};
+  }
+  static WorkerLoad of(std::string worker, const policy::LoadShare& s, double at) {
+    return {std::move(worker), s.in_flight, s.pending_prefill_tokens, s.pending_prefill_s, s.oldest_prefill_s,
+            s.active_decode_tokens, at};
+  }
 };
 
 struct Routed {

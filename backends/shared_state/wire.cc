@@ -182,21 +182,12 @@ void add_load(std::string_view text, std::vector<WorkerLoad>& sum) {
 
 std::vector<WorkerLoad> queued_at(const std::vector<WorkerLoad>& parts, double now) {
   std::map<std::string_view, std::vector<policy::TimedShare>> by_worker;
-  for (const WorkerLoad& l : parts) {
-    by_worker[l.worker].push_back(
-        {l.at, {l.in_flight, l.pending_prefill_tokens, l.active_decode_tokens, l.pending_prefill_s, l.oldest_prefill_s}});
-  }
+  for (const WorkerLoad& l : parts) by_worker[l.worker].push_back({l.at, l.share()});
   std::vector<WorkerLoad> out;
   for (auto& [worker, timed] : by_worker) {
-    const policy::LoadShare s = policy::queued_at(std::move(timed), now);
-    out.push_back({std::string(worker), s.in_flight, s.pending_prefill_tokens, s.pending_prefill_s, s.oldest_prefill_s,
-                   s.active_decode_tokens, now});
+    out.push_back(WorkerLoad::of(std::string(worker), policy::queued_at(std::move(timed), now), now));
   }
   return out;
-}
-
-double steady_seconds(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(t.time_since_epoch()).count();
 }
 
 std::string pack_load_seq(std::uint64_t seq) { return "#\t" + std::to_string(seq) + "\n"; }

@@ -6,7 +6,6 @@
 //   auto back = wire::unpack_hashes(h);                   // the same hashes
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -32,8 +31,6 @@ void add_load(std::string_view text, std::vector<WorkerLoad>& sum);
 void add_load(const WorkerLoad& load, std::vector<WorkerLoad>& sum);
 // The others' load per worker as of `now`, each worker's parts drained as one queue (policy::queued_at).
 std::vector<WorkerLoad> queued_at(const std::vector<WorkerLoad>& parts, double now);
-// Seconds on the steady clock, the time WorkerLoad::at is in.
-double steady_seconds(std::chrono::steady_clock::time_point t);
 // The first line of a published load: "#", then how many routed records of the sender it covers. load_seq()
 // reads it back (0 without one); add_load() skips it.
 std::string pack_load_seq(std::uint64_t seq);
