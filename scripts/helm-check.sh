@@ -502,7 +502,21 @@ if [[ ! -x "$KVROUTE" ]]; then
   exit 1
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+# A free port below the kernel's range for outgoing connections (a client socket could take one above it
+# between this probe and kvroute's bind).
+free_port() {
+  python3 -c 'import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+while True:
+    p = random.randrange(10000, low - 64)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p)); print(p); break
+    except OSError:
+        pass
+    finally:
+        s.close()'
+}
 
 # Starts kvroute with a rendered config plus the chart's other flags (listen addresses moved to loopback),
 # waits for /health on the API and /metrics on the admin port. Leaves it running (KVROUTE_PID, ADMIN_PORT).

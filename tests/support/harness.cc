@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include <boost/asio/connect.hpp>
@@ -126,12 +127,23 @@ int connect_loopback(int port) {
   return fd;
 }
 
+// The lowest port the kernel hands out for outgoing connections; ports at or above it can be taken by any
+// client socket between the probe and the server's bind, so tests listen below it.
+int ephemeral_low() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  if (!(f >> low) || low < 12000) low = 32768;
+  return low;
+}
+
 int free_ports(int n) {
-  // Probe upwards from a pid-dependent base so concurrently running test binaries rarely collide.
-  static std::atomic<int> next{20000 + (getpid() % 2000) * 16};
+  // Probe upwards from a pid-dependent base so concurrently running test binaries rarely collide, in
+  // [10000, ephemeral_low()).
+  static const int top = ephemeral_low() - 64;
+  static std::atomic<int> next{10000 + static_cast<int>((static_cast<long>(getpid()) * 64) % (top - 10000))};
   while (true) {
     int base = next.fetch_add(n);
-    if (base + n >= 60000) next = base = 20000;
+    if (base + n >= top) next = base = 10000;
     bool ok = true;
     for (int p = base; p < base + n && ok; ++p) {
       asio::io_context io;
