@@ -94,6 +94,8 @@ std::string simulate_usage() {
          "  --sync-delay S          a shared record reaches the other replicas S seconds late (default 0.002)\n"
          "  --sync-interval S       each replica publishes and reads the load every S seconds (default 0.025,\n"
          "                          the daemon's --shared-state-interval)\n"
+         "  --stagger on|off        sharing replicas take turns on requests that reach them at once (default on,\n"
+         "                          the daemon's --shared-state-stagger; policy/burst_stagger.h)\n"
          "  --threads N             policies simulated in parallel (default 2)\n"
          "  --json FILE             write results as JSON\n"
          "  --plots DIR             write SVG plots (TTFT CDF; with --sweep, hit rate and p99 TTFT vs load)\n"
@@ -134,6 +136,9 @@ Result<BenchConfig> parse_simulate_args(const std::vector<std::string>& args) {
       auto m = parse_sharing(v);
       if (!m) return m.error();
       c.sim.sharing = *m;
+    } else if (a == "--stagger") {
+      if (v != "on" && v != "off") return make_error("--stagger: expected on or off, got '" + v + "'");
+      c.sim.stagger = v == "on";
     } else if (a == "--sweep") {
       for (const auto& s : list_items(v)) {
         auto d = parse_double("--sweep", s, 1e-9);

@@ -8,11 +8,13 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <queue>
 #include <unordered_map>
 
 #include "backends/sim/engine.h"
 #include "hashing/computing_prefixes.h"
 #include "hashing/prefix_index.h"
+#include "policy/burst_stagger.h"
 #include "policy/prefill_queue.h"
 #include "policy/rate_learner.h"
 #include "policy/recent_quantile.h"
@@ -236,10 +238,9 @@ class FleetSim {
     first_arrival_ = w_.requests.empty() ? 0.0 : w_.requests.front().arrival_s / scale;
     last_arrival_ = w_.requests.empty() ? 0.0 : w_.requests.back().arrival_s / scale;
     poll_metrics();
-    for (std::size_t i = 0; i < w_.requests.size(); ++i) {
-      const Request& r = w_.requests[i];
-      const double t = r.arrival_s / scale;
-      // Metric polls and the replicas' load and rate exchanges up to t, in time order (polls first at a tie).
+    // Everything up to t: metric polls and the replicas' exchanges, in time order, then the engines.
+    auto step_to = [&](double t) {
+      // Polls first at a tie.
       for (;;) {
         const double poll = interval > 0 ? next_poll + interval : sim::kInfinity;
         std::size_t who = 0;
@@ -264,9 +265,41 @@ class FleetSim {
       apply_deliveries(t);
       apply_stream(t);
       if (interval <= 0) poll_metrics();
-      route(r, t, i % reps_.size());
+    };
+    // Arrivals a replica routes later (policy::BurstStagger: replicas take turns in bursts), by time, then id.
+    using Later = std::pair<double, std::size_t>;
+    std::priority_queue<Later, std::vector<Later>, std::greater<>> later;
+    auto route_later_until = [&](double t) {
+      while (!later.empty() && later.top().first <= t) {
+        const auto [at, j] = later.top();
+        later.pop();
+        step_to(at);
+        route(w_.requests[j], at, j % reps_.size(), w_.requests[j].arrival_s / scale);
+      }
+    };
+    for (std::size_t i = 0; i < w_.requests.size(); ++i) {
+      const Request& r = w_.requests[i];
+      const double t = r.arrival_s / scale;
+      route_later_until(t);
+      step_to(t);
+      const std::size_t replica = i % reps_.size();
       if (progress) progress->fetch_add(1, std::memory_order_relaxed);
+      if (sharing_ && o_.stagger && o_.sync_delay_s <= o_.load_interval_s) {
+        // As Router::stagger_s: rank = the replica's index, the stream delay as modelled.
+        Replica& rep = *reps_[replica];
+        const double prefill_s = policy::prefill_seconds(static_cast<double>(r.prompt_tokens), 0.0,
+                                                         rep.learner.mean_prefill_tokens_per_s());
+        const double wait = rep.stagger.arrive(t, replica, reps_.size(), o_.sync_delay_s, prefill_s);
+        if (wait > 0) {
+          // A hair past the records' arrival, so that they are applied first.
+          later.push({t + wait * (1.0 + 1e-9), i});
+          ++staggered_;
+          continue;
+        }
+      }
+      route(r, t, replica, t);
     }
+    route_later_until(sim::kInfinity);
     for (std::size_t e = 0; e < n_; ++e) {
       while (engines_[e].next_event_time() < sim::kInfinity || !workers_[e].held.empty()) {
         advance_engine(e, std::min(engines_[e].next_event_time(), workers_[e].next_release()));
@@ -306,6 +339,8 @@ class FleetSim {
     hashing::ComputingPrefixes computing;
     policy::RateLearner learner;
     std::unordered_map<std::uint64_t, std::pair<std::size_t, double>> sessions;  // session -> (worker, last use)
+    policy::BurstStagger stagger;  // sharing: its own arrivals, to take turns with the others in bursts
+    std::uint64_t sequence = 0;    // requests it routed (RoutingContext::sequence, as Router's sequence_)
     // The TTFT tail kv_cost prices (policy/recent_quantile.h), over the first tokens of this replica's requests.
     policy::RecentQuantile tail{policy::kFleetTailWindow, policy::kFleetTailQuantile};
     std::vector<RouterLoad> load;             // by worker
@@ -656,7 +691,8 @@ class FleetSim {
   }
 
   // Routes one arrival as the router replica `replica` sees the fleet.
-  void route(const Request& r, double t, std::size_t replica) {
+  // `arrival`: when the request came (its TTFT counts from there); t: when it is routed (later when staggered).
+  void route(const Request& r, double t, std::size_t replica, double arrival) {
     Replica& rep = *reps_[replica];
     // 1. The views the policy sees: router-tracked load (this replica's own, plus the others' as last read when
     //    they share it, as Router::route adds it), polled metrics, learned rates.
@@ -707,7 +743,7 @@ class FleetSim {
     }
     ctx.preferred = preferred;
     ctx.affinity_key = r.affinity_key;
-    ctx.sequence = r.id;
+    ctx.sequence = rep.sequence++;  // as the daemon's: this replica's own count (one replica: the request's id)
     ctx.random = mix(o_.seed, r.id);
     ctx.fleet_tail_ttft_s = rep.tail.value();
     const std::optional<policy::Pick> pick = policy_.pick(ctx);
@@ -721,7 +757,7 @@ class FleetSim {
     Flight& f = flights_[r.id];
     f.worker = w;
     f.replica = static_cast<std::uint32_t>(replica);
-    f.arrival = t;
+    f.arrival = arrival;
     const std::uint64_t predicted_cached = uses_match_ ? ctx.matched_tokens(wi) : 0;
     f.predicted_uncached = r.prompt_tokens - std::min<std::uint64_t>(r.prompt_tokens, predicted_cached);
     // As the daemon's Decision::queue_s: the pending prefill of the view the pick saw (the others' included).
@@ -854,6 +890,7 @@ class FleetSim {
     std::vector<double> d(decision_us_.begin(), decision_us_.end());
     std::sort(d.begin(), d.end());
     res.decision_us_p50 = percentile(d, 0.5);
+    res.staggered = staggered_;
     res.decision_us_p99 = percentile(d, 0.99);
     return res;
   }
@@ -869,6 +906,7 @@ class FleetSim {
   std::vector<policy::WorkerView> views_;
   std::vector<Flight> flights_;
   std::vector<std::unique_ptr<Replica>> reps_;  // arrival i goes to reps_[i % size]
+  std::uint64_t staggered_ = 0;                 // arrivals routed later, in turn (BurstStagger)
   bool sharing_ = false;                        // several replicas, sharing through "Redis"
   std::deque<StreamRecord> stream_;             // routed records not yet readable, in time order
   // The shared rates (the daemon's P:rates hash), by worker: (readable from, rates), oldest first.

@@ -76,6 +76,9 @@ struct SimOptions {
   double sync_delay_s = 0.002;       // a record's way from one replica through Redis to another
   double load_interval_s = 0.025;    // the daemon's --shared-state-interval
   double rates_interval_s = 2.0;     // SharedState::Options::rates_interval
+  // Sharing replicas take turns in bursts (policy::BurstStagger, the daemon's --shared-state-stagger): replica
+  // r routes a request that came in a burst r x sync_delay_s late, when that pays.
+  bool stagger = true;
   policy::PolicyOptions policy;
   // Debug: when set, every run writes DIR/<label>@<rate_scale>.csv, one line per request (arrival, prompt and
   // output tokens, worker, predicted and reported cached tokens, the pick's TTFT estimate, the worker's
@@ -120,6 +123,7 @@ struct PolicyResult {
   std::uint64_t evicted_blocks = 0; // GPU (+ CPU tier) blocks whose cached content was dropped
   std::uint64_t preemptions = 0;
   double decision_us_p50 = 0, decision_us_p99 = 0;
+  std::uint64_t staggered = 0;      // requests a replica routed later, in turn (SimOptions::stagger)
   double wall_s = 0;                // wall-clock time of this run
   std::vector<double> ttfts;        // sorted, for CDF plots
 };

@@ -89,6 +89,18 @@ WorkerRates RateLearner::rates(WorkerId worker) const {
   return workers_[worker].now;
 }
 
+double RateLearner::mean_prefill_tokens_per_s() const {
+  std::lock_guard lock(mu_);
+  double sum = 0;
+  std::size_t n = 0;
+  for (const State& s : workers_) {
+    if (!s.known) continue;
+    sum += s.now.prefill_tokens_per_s;
+    ++n;
+  }
+  return n > 0 ? sum / static_cast<double>(n) : WorkerRates{}.prefill_tokens_per_s;
+}
+
 void RateLearner::apply(WorkerView& view) const {
   WorkerRates r;
   {

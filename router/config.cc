@@ -394,6 +394,10 @@ const std::vector<Option>& options() {
        }},
       {"shared-state-interval", "SECONDS", "how often a replica publishes its load per worker (default 0.025)",
        DOUBLE_OPT(shared_state_interval_s, 0.001, 10)},
+      {"shared-state-stagger", "on|off",
+       "replicas take turns on requests that reach several of them at once: in bursts, a long prompt waits a few "
+       "stream delays so that each replica sees the others' decisions (default on; docs/operations.md)",
+       [](Config& c, const std::string& v) { return parse_bool(v, c.shared_state_stagger); }},
       {"log-level", "LEVEL", "error, warn, info or debug (default info)",
        [](Config& c, const std::string& v) -> std::optional<std::string> {
          if (v != "error" && v != "warn" && v != "info" && v != "debug") return "'" + v + "' is not error, warn, info or debug";

@@ -158,6 +158,8 @@ struct Config {
   // Load published every this often (the others price workers by it: tens of milliseconds, architecture
   // section 11), expiring after 40 intervals (at least 1 s) without a refresh.
   double shared_state_interval_s = 0.025;
+  // In bursts, replicas take turns (policy::BurstStagger, Router::stagger_s).
+  bool shared_state_stagger = true;
 
   std::string log_level = "info";
 };

@@ -178,6 +178,8 @@ RouterMetrics::RouterMetrics()
   shared_resyncs_ = counter(*registry_, "kvroute_shared_state_resyncs_total", "Times this replica read the shared state back: at start, after Redis came back, after falling behind the stream");
   prefix_holds_ = counter(*registry_, "kvroute_prefix_holds_total", "Requests held until the prefix an earlier request was computing on their worker landed, so as not to compute it again (--prefix-hold)");
   prefix_hold_seconds_ = counter(*registry_, "kvroute_prefix_hold_seconds_total", "Seconds requests spent held for a prefix being computed (--prefix-hold)");
+  staggered_ = counter(*registry_, "kvroute_staggered_requests_total", "Requests that waited for their turn among the router replicas before being routed: they came in a burst that reached several replicas at once (--shared-state-stagger)");
+  stagger_seconds_ = counter(*registry_, "kvroute_stagger_seconds_total", "Seconds requests waited for their turn among the router replicas (--shared-state-stagger)");
   auto& lookups = prometheus::BuildCounter()
                       .Name("kvroute_response_lookups_total")
                       .Help("Responses API ids this router had not seen made, looked up on the workers, by result")

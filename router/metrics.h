@@ -183,6 +183,11 @@ class RouterMetrics {
     prefix_holds_->Increment();
     prefix_hold_seconds_->Increment(seconds);
   }
+  // A request waited `seconds` for its turn among the replicas before being routed (Router::stagger_s).
+  void staggered(double seconds) {
+    staggered_->Increment();
+    stagger_seconds_->Increment(seconds);
+  }
   // The totals of the two series above: {workers, shared}.
   std::pair<double, double> fleet_cache_hits() const { return {fleet_hits_workers_->Value(), fleet_hits_shared_->Value()}; }
   // Set when a request resizes a pool's cache, and by the collect hook from the routable workers, so that the
@@ -257,6 +262,8 @@ class RouterMetrics {
   prometheus::Gauge* shared_sample_rate_;
   prometheus::Gauge* background_held_;
   prometheus::Counter* prefix_holds_;
+  prometheus::Counter* staggered_;
+  prometheus::Counter* stagger_seconds_;
   prometheus::Counter* prefix_hold_seconds_;
   prometheus::Family<prometheus::Counter>& tokenize_total_;
   prometheus::Histogram* tokenize_seconds_;

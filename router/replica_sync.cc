@@ -65,6 +65,8 @@ boost::json::object shared_state_json(const shared_state::SharedState::Status& s
   o["up"] = s.up;
   o["replica"] = s.replica;
   o["replicas"] = s.replicas;
+  o["rank"] = s.rank;
+  o["stream_delay_s"] = s.stream_delay_s;
   o["queued"] = s.queued;
   o["published"] = s.published;
   o["dropped"] = s.dropped;

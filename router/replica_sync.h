@@ -29,9 +29,9 @@
 
 namespace kvroute::router {
 
-// {"url", "prefix", "up", "replica", "replicas", "queued", "published", "dropped", "applied", "resyncs",
-// "last_error"} for the admin API: `if (auto s = router.shared_state_status()) out["shared_state"] =
-// shared_state_json(*s);`
+// {"url", "prefix", "up", "replica", "replicas", "rank", "stream_delay_s", "queued", "published", "dropped",
+// "applied", "resyncs", "last_error"} for the admin API: `if (auto s = router.shared_state_status())
+// out["shared_state"] = shared_state_json(*s);`
 boost::json::object shared_state_json(const shared_state::SharedState::Status& s);
 
 class ReplicaSync final : public shared_state::Handler {

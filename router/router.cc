@@ -175,6 +175,25 @@ void Router::set_remote_load(std::vector<RemoteLoad> by_worker, double as_of_s) 
   remote_as_of_s_ = as_of_s;
 }
 
+double Router::stagger_s(const RoutableRequest& request) {
+  if (!config_.shared_state_stagger) return 0.0;
+  auto* shared = shared_.load(std::memory_order_acquire);
+  if (!shared || !shared->up()) return 0.0;
+  const shared_state::SharedState::Turn turn = shared->turn();
+  // A stream slower than the load's interval (Redis slow or far): the published load tells the others about as
+  // soon, and waiting would pass Redis's slowness on to clients.
+  if (turn.stream_delay_s > config_.shared_state_interval_s) return 0.0;
+  const double prefill_s = policy::prefill_seconds(static_cast<double>(request.prompt_tokens), 0.0,
+                                                   learner_.mean_prefill_tokens_per_s());
+  double wait = 0;
+  {
+    std::lock_guard lock(stagger_mu_);
+    wait = stagger_.arrive(steady_seconds(std::chrono::steady_clock::now()), turn.rank, turn.replicas, turn.stream_delay_s, prefill_s);
+  }
+  if (wait > 0) metrics_.staggered(wait);
+  return wait;
+}
+
 void Router::add_remote_load(std::vector<policy::WorkerView>& views) const {
   std::shared_ptr<const std::vector<RemoteLoad>> remote;
   double as_of_s = 0;

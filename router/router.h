@@ -23,6 +23,7 @@
 #include "backends/worker_registry.h"
 #include "hashing/computing_prefixes.h"
 #include "hashing/prefix_index.h"
+#include "policy/burst_stagger.h"
 #include "policy/rate_learner.h"
 #include "policy/recent_quantile.h"
 #include "policy/routing_policy.h"
@@ -142,6 +143,10 @@ class Router {
   // asked for there; none of it waits. The apply side comes from the shared state's thread: the other
   // replicas' bindings, owners and learned rates, and their load, which route() adds to each worker's own.
   void set_shared_state(shared_state::SharedState* state) { shared_.store(state, std::memory_order_release); }
+  // How long to wait before routing a request that just arrived (0 most of the time): with replicas sharing
+  // state, requests that reach several of them at once take turns (policy/burst_stagger.h, --shared-state-stagger);
+  // the caller routes it after that wait. Counts the requests that wait (kvroute_staggered_requests_total).
+  double stagger_s(const RoutableRequest& request);
   // The shared state's status (admin API); nullopt for a replica alone.
   std::optional<shared_state::SharedState::Status> shared_state_status() const {
     auto* s = shared_.load(std::memory_order_acquire);
@@ -254,6 +259,8 @@ class Router {
   mutable std::mutex remote_mu_;
   std::shared_ptr<const std::vector<RemoteLoad>> remote_load_;  // guarded by remote_mu_
   double remote_as_of_s_ = 0;                                    // guarded by remote_mu_
+  std::mutex stagger_mu_;
+  policy::BurstStagger stagger_;  // guarded by stagger_mu_
 
   // The newest --response-ids ids (the least recently seen forgotten first).
   mutable std::mutex responses_mu_;

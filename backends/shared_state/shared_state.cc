@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <random>
 
 #include <hiredis/hiredis.h>
@@ -111,12 +112,16 @@ void SharedState::routed(std::string_view worker, std::uint64_t root, std::span<
   // The request path only copies the hashes: the thread encodes the record (encode_routed) when it sends it.
   Command c;
   c.routed.emplace(Routed{std::string(worker), root, {hashes.begin(), hashes.end()}, session, load,
-                          routed_seq_.fetch_add(1, std::memory_order_relaxed) + 1, computes_from});
+                          routed_seq_.fetch_add(1, std::memory_order_relaxed) + 1, computes_from,
+                          steady_seconds(std::chrono::steady_clock::now())});
   enqueue(std::move(c));
 }
 
-void SharedState::encode_routed(Command& c, std::vector<Command>& out) const {
+void SharedState::encode_routed(Command& c, std::vector<Command>& out) {
   const Routed& r = *c.routed;
+  // Bounded: records that never come back (trimmed, Redis restarted) are forgotten oldest first.
+  if (in_transit_.size() >= 10'000) in_transit_.pop_front();
+  in_transit_.emplace_back(r.seq, r.at_s);
   Command x;
   x.args = {"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen), "*", "r", replica_,
             "k",    "R",           "w",      r.worker, "n", wire::hex64(r.root), "h", wire::pack_hashes(r.hashes),
@@ -193,6 +198,8 @@ SharedState::Status SharedState::status() const {
   s.reconnects = reconnects_.load();
   s.replicas = replicas_.load();
   s.replica = replica_;
+  s.rank = rank_.load();
+  s.stream_delay_s = stream_delay_s_.load();
   s.url = options_.url.display();
   s.prefix = options_.prefix;
   std::lock_guard lock(mu_);
@@ -465,6 +472,31 @@ bool SharedState::exchange_load() {
   std::erase_if(peers_, [&](const auto& e) { return now - e.second.seen > options_.load_ttl; });
   replicas_.store(live, std::memory_order_relaxed);
   give_remote_load();
+  return refresh_members();
+}
+
+bool SharedState::refresh_members() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - members_at_ < std::chrono::seconds(1)) return true;
+  members_at_ = now;
+  // Scores are wall-clock milliseconds (the replicas' clocks agree to well within the 5 s a member is kept).
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch()).count();
+  conn_->append({"ZADD", key("members"), std::to_string(ms), replica_});
+  conn_->append({"ZREMRANGEBYSCORE", key("members"), "-inf", std::to_string(ms - 5000)});
+  conn_->append({"ZRANGE", key("members"), "0", "-1"});
+  if (!conn_->reply() || !conn_->reply()) return false;
+  ReplyPtr members = conn_->reply();
+  if (!members) return false;
+  std::size_t count = 1, before = 0;
+  for (std::size_t i = 0; members->type == REDIS_REPLY_ARRAY && i < members->elements; ++i) {
+    const std::string_view id = str(members->element[i]);
+    if (id == replica_) continue;
+    ++count;
+    if (id < replica_) ++before;
+  }
+  members_.store(count, std::memory_order_relaxed);
+  rank_.store(before, std::memory_order_relaxed);
   return true;
 }
 
@@ -548,6 +580,30 @@ std::size_t SharedState::apply_entries(const redisReply* r) {
   return entries->elements;
 }
 
+void SharedState::read_back(std::uint64_t seq) {
+  while (!in_transit_.empty() && in_transit_.front().first < seq) in_transit_.pop_front();
+  if (in_transit_.empty() || in_transit_.front().first != seq) return;
+  const double lag = steady_seconds(std::chrono::steady_clock::now()) - in_transit_.front().second;
+  in_transit_.pop_front();
+  // The time by which a record is back, as TCP bounds the time an acknowledgement takes (RFC 6298, section 2):
+  // a smoothed mean (gain 1/8) plus 4 x a smoothed mean deviation (gain 1/4). A replica taking its turn waits
+  // this long per rank, so that the earlier ranks' records have nearly always reached it.
+  if (srtt_ <= 0) {
+    srtt_ = lag;
+    rttvar_ = lag / 2;
+  } else {
+    rttvar_ += (std::abs(srtt_ - lag) - rttvar_) / 4.0;
+    srtt_ += (lag - srtt_) / 8.0;
+  }
+  stream_delay_s_.store(srtt_ + 4.0 * rttvar_, std::memory_order_relaxed);
+}
+
+SharedState::Turn SharedState::turn() const {
+  const std::size_t members = members_.load(std::memory_order_relaxed);
+  return Turn{std::min(rank_.load(std::memory_order_relaxed), members - 1), members,
+              stream_delay_s_.load(std::memory_order_relaxed)};
+}
+
 void SharedState::apply_record(std::span<const std::pair<std::string_view, std::string_view>> fields) {
   auto field = [&](std::string_view name) {
     for (const auto& [k, v] : fields) {
@@ -555,7 +611,10 @@ void SharedState::apply_record(std::span<const std::pair<std::string_view, std::
     }
     return std::string_view();
   };
-  if (field("r") == replica_) return;  // our own
+  if (field("r") == replica_) {  // our own: only how long it took
+    if (field("k") == "R") read_back(wire::parse_count(field("q")).value_or(0));
+    return;
+  }
   const auto kind = field("k");
   const std::string worker(field("w"));
   if (worker.empty()) return;

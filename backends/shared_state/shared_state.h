@@ -12,6 +12,8 @@
 //  * P:admin:cordoned, P:admin:added, P:admin:removed (hashes by worker URL): the operator's changes, which a
 //    replica applies when it starts, so they survive restarts (P:admin:epoch marks that Redis holds them).
 //    P:rates: learned worker rates.
+//  * P:members (a sorted set, scored by the wall-clock time of each replica's last heartbeat, every second):
+//    the running replicas, busy or idle, for each one's rank when they take turns in bursts (turn()).
 //
 // Threading. One dedicated thread owns two synchronous hiredis connections; the request path only appends to
 // a bounded queue under a short lock (drop-oldest, counted; the first record of a batch also writes an eventfd)
@@ -100,6 +102,7 @@ struct Routed {
   policy::LoadShare load;
   std::uint64_t seq = 0;            // the sender's routed records so far, this one included
   std::uint32_t computes_from = 0;  // precise mode: the request computes hashes[computes_from..]
+  double at_s = 0;                  // when it was routed (the sender's steady clock; not sent)
 };
 
 // An operator's change to the fleet, made on one replica and applied on all.
@@ -162,6 +165,8 @@ class SharedState {
     std::uint64_t published = 0, dropped = 0, applied = 0, resyncs = 0, reconnects = 0;
     std::size_t queued = 0, replicas = 0;
     std::string replica;  // this replica's id
+    std::size_t rank = 0;       // Turn::rank
+    double stream_delay_s = 0;  // Turn::stream_delay_s
     std::string url;      // RedisUrl::display(), without the password
     std::string prefix;
     std::string last_error;
@@ -189,6 +194,14 @@ class SharedState {
   bool up() const { return up_.load(std::memory_order_relaxed); }
   Status status() const;
 
+  // This replica's turn among the live ones, for taking turns in bursts (policy::BurstStagger).
+  struct Turn {
+    std::size_t rank = 0;       // its place among the running replicas, ordered by id (0 when alone)
+    std::size_t replicas = 1;   // running replicas (a heartbeat in the last 5 s, busy or idle), this one included
+    double stream_delay_s = 0;  // the time by which its routed records are back on the stream (read_back)
+  };
+  Turn turn() const;
+
  private:
   struct Command {
     std::vector<std::string> args;
@@ -199,13 +212,18 @@ class SharedState {
   };
   void enqueue(Command c);
   // The XADD of a routed record, and the SET of the session it bound, appended to `out` (the thread).
-  void encode_routed(Command& c, std::vector<Command>& out) const;
+  void encode_routed(Command& c, std::vector<Command>& out);
+  // One of this replica's routed records came back on the stream (the thread): the stream's delay.
+  void read_back(std::uint64_t seq);
   void lookup(Command::Reply reply, std::string_view space, std::string what);
   void run();
   bool connect();
   bool resync();
   bool flush();
   bool exchange_load();
+  // Every second: this replica's heartbeat in P:members, and its rank among the replicas alive there (rank_,
+  // members_), idle ones included, unlike the load's P:replicas.
+  bool refresh_members();
   bool exchange_rates();
   bool check_trimmed();
   struct Conn;
@@ -231,6 +249,12 @@ class SharedState {
   std::atomic<std::uint64_t> published_{0}, dropped_{0}, applied_{0}, resyncs_{0}, reconnects_{0};
   std::atomic<std::size_t> replicas_{0};
   std::atomic<std::uint64_t> routed_seq_{0};  // routed records made here
+  std::atomic<std::size_t> rank_{0};
+  std::atomic<std::size_t> members_{1};
+  std::atomic<double> stream_delay_s_{0.0};
+  // The thread's own: routed records sent and not yet read back (seq, when routed), for stream_delay_s_.
+  std::deque<std::pair<std::uint64_t, double>> in_transit_;
+  double srtt_ = 0, rttvar_ = 0;  // the thread's: the stream delay's smoothed mean and deviation (read_back)
   std::atomic<bool> up_{false};
   std::atomic<bool> warm_{false};
   std::atomic<bool> told_down_attempted_{false};  // a first connection attempt failed (start() stops waiting)
@@ -244,6 +268,7 @@ class SharedState {
   bool reading_ = false;  // an XREAD is outstanding on reader_
   std::string last_id_ = "0-0";
   bool load_published_ = false;  // this replica's load key holds a non-empty load
+  std::chrono::steady_clock::time_point members_at_{};  // the last refresh of P:members (refresh_members)
   std::uint64_t published_seq_ = 0;  // the routed records the last published load covered
   // The others' load as this replica knows it: each one's last published load, plus the load of the requests
   // it routed since (their records came on the stream after that load was taken), by replica id.

@@ -79,6 +79,8 @@ class ApiHandler final : public RequestHandler, public ExchangeEvents {
   bool want_tokenize() const;
   void prepare_route(RoutableRequest parsed, Clock::time_point t0);
   void on_tokenized(RoutableRequest request, Clock::time_point t0, Result<backends::SimpleResponse> r);
+  // Routes now, or, when replicas take turns in a burst (Router::stagger_s), after this replica's turn.
+  void take_turn(RoutableRequest parsed, Clock::time_point t0);
   void route_parsed(RoutableRequest parsed, Clock::time_point t0);
   void route_again();
   void wait_for_prefix();
@@ -114,7 +116,7 @@ class ApiHandler final : public RequestHandler, public ExchangeEvents {
   bool strip_usage_ = false;                 // ... with an include_usage the client did not ask for
   int reroutes_ = 0;
   std::vector<hashing::WorkerId> tried_;  // workers that failed the routed request (not routed to again)
-  std::optional<boost::asio::steady_timer> hold_timer_;  // a prefix hold's checks
+  std::optional<boost::asio::steady_timer> hold_timer_;  // a prefix hold's checks, or a replica's turn
   std::uint64_t hold_seq_ = 0;                           // the latest wake-up or check of a prefix hold
   HoldWaiters::Id hold_watch_ = 0;                       // its watch in the router (Router::watch_prefix_hold)
   std::shared_ptr<Admission> admission_;  // svc_.admission, held: a slot may be released after the Services are gone

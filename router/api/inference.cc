@@ -1,5 +1,6 @@
 // Routed inference: /v1/chat/completions, /v1/completions, /v1/responses. The request is parsed (its prefix
-// chain built), tokenized when the chain should be over the workers' token ids, routed by Router::route(), held
+// chain built), tokenized when the chain should be over the workers' token ids, in a burst that reached several
+// router replicas at once given its replica's turn (Router::stagger_s), routed by Router::route(), held
 // while its prefix is still being computed for an earlier request (kv_cost), and forwarded.
 #include <algorithm>
 #include <utility>
@@ -66,7 +67,7 @@ void ApiHandler::prepare_route(RoutableRequest parsed, Clock::time_point t0) {
     if (TokenIds cached = svc_.tokenize_cache.get(parsed.tokenize_key)) {
       use_token_ids(parsed, *cached, svc_.config.block_tokens);
       svc_.metrics.tokenized("cache_hit", 0.0);
-      return route_parsed(std::move(parsed), t0);
+      return take_turn(std::move(parsed), t0);
     }
     auto worker = svc_.router.any_healthy(parsed.model);  // the model's tokenizer
     if (worker) {
@@ -83,7 +84,7 @@ void ApiHandler::prepare_route(RoutableRequest parsed, Clock::time_point t0) {
       return;
     }
   }
-  route_parsed(std::move(parsed), t0);
+  take_turn(std::move(parsed), t0);
 }
 
 void ApiHandler::on_tokenized(RoutableRequest request, Clock::time_point t0, Result<backends::SimpleResponse> r) {
@@ -109,7 +110,20 @@ void ApiHandler::on_tokenized(RoutableRequest request, Clock::time_point t0, Res
     LOG_DEBUG("request " << session_.request_id() << ": tokenization failed (" << why << "); routing on the text");
     svc_.metrics.tokenized("fallback", took);
   }
-  route_parsed(std::move(request), t0);
+  take_turn(std::move(request), t0);
+}
+
+// A request that came in a burst reaching several replicas at once waits its turn: a few stream delays, so that
+// this replica sees what the others routed for the same burst (policy/burst_stagger.h). Its TTFT counts from t0.
+void ApiHandler::take_turn(RoutableRequest parsed, Clock::time_point t0) {
+  const double wait_s = svc_.router.stagger_s(parsed);
+  if (wait_s <= 0) return route_parsed(std::move(parsed), t0);
+  auto request = std::make_shared<RoutableRequest>(std::move(parsed));
+  if (!hold_timer_) hold_timer_.emplace(session_.executor());
+  hold_timer_->expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s)));
+  hold_timer_->async_wait([this, keep = session_.keep(), request, t0](beast::error_code ec) {
+    if (!ec) route_parsed(std::move(*request), t0);
+  });
 }
 
 void ApiHandler::route_parsed(RoutableRequest parsed, Clock::time_point t0) {

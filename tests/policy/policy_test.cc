@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "policy/policies.h"
+#include "policy/burst_stagger.h"
 #include "policy/prefill_queue.h"
 #include "policy/rate_learner.h"
 #include "policy/recent_quantile.h"
@@ -427,6 +428,32 @@ TEST(RecentQuantile, QuantileOfTheLastWindowValues) {
   EXPECT_EQ(q.value(), 1096.0);
   for (int i = 0; i < 10; ++i) q.add(std::nan(""));  // not a value: ignored, nothing recomputed
   EXPECT_EQ(q.value(), 1096.0);
+}
+
+// Replicas take turns only in bursts: three requests at once at a replica, burst after burst, tell it that the
+// others (7 more replicas) get as many at the same instant; rank 3 then waits three stream delays for a long
+// prompt, not for a short one, and never when arrivals are far apart or it is the only replica.
+TEST(BurstStagger, WaitsRankTimesTheStreamDelayOnlyInBursts) {
+  constexpr double d = 0.002;
+  BurstStagger bursty;
+  double t = 0, last_wait = 0;
+  for (int burst = 0; burst < 400; ++burst, t += 1.0) {
+    for (int k = 0; k < 3; ++k) last_wait = bursty.arrive(t, /*rank=*/3, /*replicas=*/8, d, /*prefill_s=*/0.5);
+  }
+  // Within a burst 0, 1 and 2 own arrivals came before: 2 x 1 on average, times the 7 others.
+  EXPECT_NEAR(bursty.concurrent(), 14.0, 0.5);
+  EXPECT_DOUBLE_EQ(last_wait, 3 * d);
+  EXPECT_DOUBLE_EQ(bursty.arrive(t, 3, 8, d, /*prefill_s=*/0.0005), 0.0);  // 7 x 0.0005 < 0.006: not worth it
+  EXPECT_DOUBLE_EQ(bursty.arrive(t, /*rank=*/0, 8, d, 0.5), 0.0);           // the first takes its turn at once
+  EXPECT_DOUBLE_EQ(bursty.arrive(t, 3, /*replicas=*/1, d, 0.5), 0.0);       // alone: nobody to wait for
+
+  BurstStagger spread;  // one arrival every 50 ms: never two within a stream delay
+  for (int i = 0; i < 400; ++i, t += 0.05) EXPECT_DOUBLE_EQ(spread.arrive(t, 3, 8, d, 0.5), 0.0);
+  EXPECT_DOUBLE_EQ(spread.concurrent(), 0.0);
+
+  // Bursts that stop: the estimate decays with the arrivals that follow.
+  for (int i = 0; i < 400; ++i, t += 0.05) bursty.arrive(t, 3, 8, d, 0.5);
+  EXPECT_LT(bursty.concurrent(), 0.05);
 }
 
 }  // namespace
