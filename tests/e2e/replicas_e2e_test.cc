@@ -19,6 +19,18 @@
 #include <boost/json.hpp>
 #include <gtest/gtest.h>
 
+// Built with AddressSanitizer or ThreadSanitizer (GCC's and clang's spellings).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define KVROUTE_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define KVROUTE_SANITIZED 1
+#endif
+#endif
+#ifndef KVROUTE_SANITIZED
+#define KVROUTE_SANITIZED 0
+#endif
+
 #include "tests/support/harness.h"
 
 namespace kvroute::test {
@@ -481,15 +493,17 @@ TEST(ReplicasE2E, BurstsReachingEveryReplicaAtOnceAreSpreadAsOneRouterSpreadsThe
   EXPECT_EQ(turns.ranks, (std::set<std::int64_t>{0, 1, 2}));
   EXPECT_GT(turns.stream_delay_s, 0);
   EXPECT_LT(turns.stream_delay_s, 0.025);
+  // Measured on two busy cores: taking turns 2.00-2.37 with 73-131 requests waiting, without 2.47-2.85, one
+  // router 2.00. A replica waits only for arrivals within a stream delay (a millisecond or two) of each other;
+  // under a sanitizer every process runs several times slower, a burst's two 25 KB bodies reach a replica
+  // further apart than that, and none waits (as measured under ASan and TSan): there the spread is not judged.
+#if KVROUTE_SANITIZED
+  std::printf("sanitizer build: taking turns not judged (%.0f requests waited)\n", turns.staggered);
+#else
   EXPECT_GT(turns.staggered, 0);
-  // Measured on two busy cores: taking turns 2.00-2.37 with 73-127 requests waiting, without 2.47-2.77, one
-  // router 2.00. A replica waits only for arrivals within a stream delay (a millisecond or two) of each other:
-  // on a machine too loaded to read a burst's two 25 KB bodies at a replica that close together, few wait (under
-  // ASan beside a simulation, none did), and the spread says nothing about taking turns.
-  if (turns.staggered >= kMeasured) {
-    EXPECT_LE(turns.most, one.most + 0.4);
-    EXPECT_LT(turns.most, herd.most);
-  }
+  EXPECT_LE(turns.most, one.most + 0.4);
+  EXPECT_LT(turns.most, herd.most);
+#endif
 }
 
 TEST(ReplicasE2E, ConversationAlternatingReplicasStaysOnOneWorker) {
