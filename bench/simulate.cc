@@ -890,8 +890,8 @@ class FleetSim {
     std::vector<double> d(decision_us_.begin(), decision_us_.end());
     std::sort(d.begin(), d.end());
     res.decision_us_p50 = percentile(d, 0.5);
-    res.staggered = staggered_;
     res.decision_us_p99 = percentile(d, 0.99);
+    res.staggered = staggered_;
     return res;
   }
 

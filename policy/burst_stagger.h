@@ -11,8 +11,8 @@
 // is how many of the others' decisions one decision of ours cannot see, on average. Pricing on the same view,
 // the k + 1 herd onto one worker, where a request waits for the prefill of those ahead of it: k / 2 of them,
 // its place among them being uniform. Its own prefill estimate stands for theirs. Waiting rank x d instead
-// (rank: this replica's place among the live replicas) serializes them: the replica of rank r routes after the
-// records of ranks 0..r-1 have reached it, so the burst is routed as one router would route it. Wait when
+// (rank: this replica's place among the running replicas) serializes them: the replica of rank r routes after
+// the records of ranks 0..r-1 have reached it, so the burst is routed as one router would route it. Wait when
 //
 //   rank x d < k / 2 x prefill_seconds(prompt)
 //
