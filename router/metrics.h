@@ -262,9 +262,9 @@ class RouterMetrics {
   prometheus::Gauge* shared_sample_rate_;
   prometheus::Gauge* background_held_;
   prometheus::Counter* prefix_holds_;
+  prometheus::Counter* prefix_hold_seconds_;
   prometheus::Counter* staggered_;
   prometheus::Counter* stagger_seconds_;
-  prometheus::Counter* prefix_hold_seconds_;
   prometheus::Family<prometheus::Counter>& tokenize_total_;
   prometheus::Histogram* tokenize_seconds_;
   prometheus::Counter* lookups_found_;

@@ -185,10 +185,11 @@ double Router::stagger_s(const RoutableRequest& request) {
   if (turn.stream_delay_s > config_.shared_state_interval_s) return 0.0;
   const double prefill_s = policy::prefill_seconds(static_cast<double>(request.prompt_tokens), 0.0,
                                                    learner_.mean_prefill_tokens_per_s());
+  const double now_s = steady_seconds(std::chrono::steady_clock::now());
   double wait = 0;
   {
     std::lock_guard lock(stagger_mu_);
-    wait = stagger_.arrive(steady_seconds(std::chrono::steady_clock::now()), turn.rank, turn.replicas, turn.stream_delay_s, prefill_s);
+    wait = stagger_.arrive(now_s, turn.rank, turn.replicas, turn.stream_delay_s, prefill_s);
   }
   if (wait > 0) metrics_.staggered(wait);
   return wait;
