@@ -606,7 +606,8 @@ class FleetSim {
       if (l.in_flight == 0) continue;
       policy::WorkerView v;
       l.prefill_queue.fill(v, now);
-      mine[i] = {l.in_flight, l.pending_prefill, l.active_decode, v.pending_prefill_s, v.oldest_prefill_s};
+      mine[i] = {l.in_flight, l.pending_prefill, l.active_decode, v.pending_prefill_s, v.oldest_prefill_s,
+                 l.pending_prefill > 0 ? v.prefill_elapsed_s : 0.0};
     }
     rep.published.push_back({now + o_.sync_delay_s, rep.routed_seq, std::move(mine)});
     std::vector<std::vector<policy::TimedShare>> parts(n_);  // by worker

@@ -71,6 +71,10 @@ struct LoadShare {
   std::uint64_t active_decode_tokens = 0;
   double pending_prefill_s = 0;
   double oldest_prefill_s = 0;
+  // How long the sender's prefill queue on the worker has gone without a first token (its
+  // WorkerView::prefill_elapsed_s), 0 when that queue is empty: kv_cost credits a long prefill's progress with it,
+  // and a replica whose own queue there is empty knows it only from the others. The largest counts.
+  double prefill_elapsed_s = 0;
 
   void add(const LoadShare& o) {
     in_flight += o.in_flight;
@@ -78,6 +82,7 @@ struct LoadShare {
     active_decode_tokens += o.active_decode_tokens;
     pending_prefill_s += o.pending_prefill_s;
     oldest_prefill_s = std::max(oldest_prefill_s, o.oldest_prefill_s);
+    prefill_elapsed_s = std::max(prefill_elapsed_s, o.prefill_elapsed_s);
   }
   void add_to(WorkerView& v) const {
     v.in_flight += in_flight;
@@ -85,12 +90,15 @@ struct LoadShare {
     v.active_decode_tokens += active_decode_tokens;
     v.pending_prefill_s += pending_prefill_s;
     v.oldest_prefill_s = std::max(v.oldest_prefill_s, oldest_prefill_s);
+    v.prefill_elapsed_s = std::max(v.prefill_elapsed_s, prefill_elapsed_s);
   }
   // What is left of the pending prefill `seconds` later: a worker works through its prefill queue at one second
   // of (estimated) prefill per second, so what another replica reported, or a request it routed, shrinks as
-  // it ages; the tokens in proportion. The requests stay in flight (their decode is not modelled here).
+  // it ages; the tokens in proportion, and the time without a first token grows. The requests stay in flight
+  // (their decode is not modelled here).
   void drain(double seconds) {
     if (!(seconds > 0) || !(pending_prefill_s > 0)) return;
+    if (prefill_elapsed_s > 0) prefill_elapsed_s += seconds;  // still no first token, as far as anyone knows
     const double left = std::max(0.0, pending_prefill_s - seconds);
     const double tokens = static_cast<double>(pending_prefill_tokens) * (left / pending_prefill_s);
     pending_prefill_tokens = static_cast<std::uint64_t>(std::llround(tokens));

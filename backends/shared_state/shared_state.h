@@ -82,13 +82,15 @@ struct WorkerLoad {
   // When this replica learned it (read the load, received the record), in seconds on its steady clock
   // (steady_seconds); for the sum handed to the router, the time its pending prefill is as of (policy::queued_at).
   double at = 0;
+  double prefill_elapsed_s = 0;  // policy::LoadShare::prefill_elapsed_s
 
   policy::LoadShare share() const {
-    return {in_flight, pending_prefill_tokens, active_decode_tokens, pending_prefill_s, oldest_prefill_s};
+    return {in_flight, pending_prefill_tokens, active_decode_tokens, pending_prefill_s, oldest_prefill_s,
+            prefill_elapsed_s};
   }
   static WorkerLoad of(std::string worker, const policy::LoadShare& s, double at) {
     return {std::move(worker), s.in_flight, s.pending_prefill_tokens, s.pending_prefill_s, s.oldest_prefill_s,
-            s.active_decode_tokens, at};
+            s.active_decode_tokens, at, s.prefill_elapsed_s};
   }
 };
 

@@ -147,9 +147,9 @@ std::string pack_load(const std::vector<WorkerLoad>& load) {
   std::string out;
   char buf[160];
   for (const auto& l : load) {
-    std::snprintf(buf, sizeof buf, "\t%u\t%llu\t%.6g\t%.6g\t%llu\n", l.in_flight,
+    std::snprintf(buf, sizeof buf, "\t%u\t%llu\t%.6g\t%.6g\t%llu\t%.6g\n", l.in_flight,
                   static_cast<unsigned long long>(l.pending_prefill_tokens), l.pending_prefill_s, l.oldest_prefill_s,
-                  static_cast<unsigned long long>(l.active_decode_tokens));
+                  static_cast<unsigned long long>(l.active_decode_tokens), l.prefill_elapsed_s);
     out += l.worker;
     out += buf;
   }
@@ -164,15 +164,18 @@ void add_load(const WorkerLoad& l, std::vector<WorkerLoad>& sum) {
   it->pending_prefill_s += l.pending_prefill_s;
   it->oldest_prefill_s = std::max(it->oldest_prefill_s, l.oldest_prefill_s);
   it->active_decode_tokens += l.active_decode_tokens;
+  it->prefill_elapsed_s = std::max(it->prefill_elapsed_s, l.prefill_elapsed_s);
 }
 
 void add_load(std::string_view text, std::vector<WorkerLoad>& sum) {
   for_each_line(text, [&](std::string_view line) {
     const auto f = fields(line);
     WorkerLoad l;
-    if (f.size() != 6 || !parse_number(f[1], l.in_flight) || !parse_number(f[2], l.pending_prefill_tokens) ||
-        !parse_double(f[3], l.pending_prefill_s) || !parse_double(f[4], l.oldest_prefill_s) ||
-        !parse_number(f[5], l.active_decode_tokens)) {
+    // Six fields from a replica of an earlier version (no time without a first token), seven now.
+    if ((f.size() != 6 && f.size() != 7) || !parse_number(f[1], l.in_flight) ||
+        !parse_number(f[2], l.pending_prefill_tokens) || !parse_double(f[3], l.pending_prefill_s) ||
+        !parse_double(f[4], l.oldest_prefill_s) || !parse_number(f[5], l.active_decode_tokens) ||
+        (f.size() == 7 && (!parse_double(f[6], l.prefill_elapsed_s) || !(l.prefill_elapsed_s < 1e6)))) {
       return;
     }
     l.worker = std::string(f[0]);

@@ -56,6 +56,26 @@ TEST(SharedStateWire, LoadsAreSummedPerWorker) {
   EXPECT_EQ(sum[1].in_flight, 1u);
 }
 
+// The time a replica's prefill queue on a worker has gone without a first token (kv_cost's credit for a long
+// prefill's progress): the largest of the replicas' counts, and it grows as the share ages while prefill is left.
+// A replica of the version before sends six fields, which still count (without it).
+TEST(SharedStateWire, TheLongestWaitWithoutAFirstTokenIsShared) {
+  std::vector<WorkerLoad> sum;
+  wire::add_load(wire::pack_load({{"http://a:1", 1, 30000, 1.5, 1.5, 0, 0, 0.8}}), sum);
+  wire::add_load(wire::pack_load({{"http://a:1", 1, 20000, 1.0, 1.0, 0, 0, 0.3}}), sum);
+  wire::add_load("http://a:1\t1\t10000\t0.5\t0.5\t0\n", sum);
+  ASSERT_EQ(sum.size(), 1u);
+  EXPECT_EQ(sum[0].in_flight, 3u);
+  EXPECT_DOUBLE_EQ(sum[0].prefill_elapsed_s, 0.8);
+  policy::LoadShare share = sum[0].share();
+  share.drain(0.1);
+  EXPECT_NEAR(share.prefill_elapsed_s, 0.9, 1e-12);
+  policy::WorkerView v;
+  v.prefill_elapsed_s = 0.2;  // this replica's own
+  share.add_to(v);
+  EXPECT_NEAR(v.prefill_elapsed_s, 0.9, 1e-12);
+}
+
 // What the router is handed: per worker, every replica's published load and routed records, as one queue drained
 // to the time it is handed on (policy::queued_at).
 TEST(SharedStateWire, TheOthersLoadDrainsAsOneQueuePerWorker) {
