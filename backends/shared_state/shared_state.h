@@ -5,8 +5,9 @@
 //  * P:stream, a Redis Stream (XADD ... MAXLEN ~ N): what each replica routed in approximate mode (the worker's
 //    URL, the namespace root and the chain's block hashes, never prompt text; with the hash of the session key
 //    it bound), the owners of Responses API ids, and admin changes. Every replica applies the others' records.
-//  * P:load:REPLICA (SET ... PX) and the set P:replicas: each replica's in-flight requests, pending prefill and
-//    decode context per worker, every --shared-state-interval, expiring when the replica stops publishing.
+//  * P:load:REPLICA (SET ... PX) and the set P:replicas: each replica's in-flight requests, pending prefill,
+//    decode context and time without a first token per worker, every --shared-state-interval, expiring when the
+//    replica stops publishing.
 //  * P:session:HASH and P:response:ID (SET ... PX): session bindings and response owners with their TTLs, for a
 //    replica that missed the stream record (it asks on a miss, without waiting).
 //  * P:admin:cordoned, P:admin:added, P:admin:removed (hashes by worker URL): the operator's changes, which a
