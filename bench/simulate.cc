@@ -287,8 +287,7 @@ class FleetSim {
       if (sharing_ && o_.stagger && o_.sync_delay_s <= o_.load_interval_s) {
         // As Router::stagger_s: rank = the replica's index, the stream delay as modelled.
         Replica& rep = *reps_[replica];
-        const double prefill_s = policy::prefill_seconds(static_cast<double>(r.prompt_tokens), 0.0,
-                                                         rep.learner.mean_prefill_tokens_per_s());
+        const double prefill_s = rep.learner.typical_prefill_s(static_cast<double>(r.prompt_tokens));
         const double wait = rep.stagger.arrive(t, replica, reps_.size(), o_.sync_delay_s, prefill_s);
         if (wait > 0) {
           // A hair past the records' arrival, so that they are applied first.

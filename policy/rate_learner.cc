@@ -89,16 +89,19 @@ WorkerRates RateLearner::rates(WorkerId worker) const {
   return workers_[worker].now;
 }
 
-double RateLearner::mean_prefill_tokens_per_s() const {
-  std::lock_guard lock(mu_);
+double RateLearner::typical_prefill_s(double tokens) const {
   double sum = 0;
   std::size_t n = 0;
-  for (const State& s : workers_) {
-    if (!s.known) continue;
-    sum += s.now.prefill_tokens_per_s;
-    ++n;
+  {
+    std::lock_guard lock(mu_);
+    for (const State& s : workers_) {
+      if (!s.known) continue;
+      sum += s.now.prefill_tokens_per_s;
+      ++n;
+    }
   }
-  return n > 0 ? sum / static_cast<double>(n) : WorkerRates{}.prefill_tokens_per_s;
+  const double rate = n > 0 ? sum / static_cast<double>(n) : WorkerRates{}.prefill_tokens_per_s;
+  return prefill_seconds(tokens, 0.0, rate);
 }
 
 void RateLearner::apply(WorkerView& view) const {

@@ -107,9 +107,9 @@ class RateLearner {
   void set_prior(WorkerId worker, const WorkerRates& prior);
   void observe(WorkerId worker, const RateObservation& obs);
   WorkerRates rates(WorkerId worker) const;
-  // The mean current prefill rate over the workers known here (the default rate when none is): what a request's
-  // prefill takes on a typical worker (BurstStagger).
-  double mean_prefill_tokens_per_s() const;
+  // What prefilling `tokens` uncached tokens takes on a typical worker: prefill_seconds() at the mean current
+  // prefill rate over the workers known here (the default rate when none is). BurstStagger's prefill estimate.
+  double typical_prefill_s(double tokens) const;
   // Copies the learned rates into a WorkerView (view.id selects the worker). A worker that has not completed
   // a request of a kind yet (no prefill, decode or estimate sample) is given the fleet's learned ratio to the
   // prior for it: an unvisited worker looks like the workers that were measured, not like an uncorrected

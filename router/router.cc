@@ -183,8 +183,7 @@ double Router::stagger_s(const RoutableRequest& request) {
   // A stream slower than the load's interval (Redis slow or far): the published load tells the others about as
   // soon, and waiting would pass Redis's slowness on to clients.
   if (turn.stream_delay_s > config_.shared_state_interval_s) return 0.0;
-  const double prefill_s = policy::prefill_seconds(static_cast<double>(request.prompt_tokens), 0.0,
-                                                   learner_.mean_prefill_tokens_per_s());
+  const double prefill_s = learner_.typical_prefill_s(static_cast<double>(request.prompt_tokens));
   const double now_s = steady_seconds(std::chrono::steady_clock::now());
   double wait = 0;
   {

@@ -183,17 +183,23 @@ TEST(Simulate, ScheduleTimeCommitsGiveSameStepFollowersTheirPrefix) {
 // 12K-token prefix (two 8K-token chunks) would be admitted with the first one's second chunk and, on workers
 // that store blocks after the step, compute those 4K tokens again; held until the first one's first token, it
 // reads the whole prefix. Where blocks are hits from the step that schedules them, it reads it all anyway.
+// A request of `prompt_tokens` over a token chain of 16-token blocks; the caller adds its block hashes.
+Request token_request(double arrival_s, std::uint32_t prompt_tokens, std::uint32_t output_tokens) {
+  Request r;
+  r.arrival_s = arrival_s;
+  r.prompt_tokens = prompt_tokens;
+  r.output_tokens = output_tokens;
+  r.chain.unit = hashing::Unit::kToken;
+  r.chain.block_units = 16;
+  r.chain.total_units = prompt_tokens;
+  return r;
+}
+
 TEST(Simulate, PrefixHoldSavesRecomputingAPrefixBeingComputed) {
   Workload w;
   w.name = "two_requests";
   for (int k = 0; k < 2; ++k) {
-    Request r;
-    r.arrival_s = 0.05 * k;
-    r.prompt_tokens = 12288 + 32;
-    r.output_tokens = 4;
-    r.chain.unit = hashing::Unit::kToken;
-    r.chain.block_units = 16;
-    r.chain.total_units = r.prompt_tokens;
+    Request r = token_request(0.05 * k, 12288 + 32, 4);
     for (std::uint64_t b = 0; b < 768; ++b) r.chain.hashes.push_back(1000 + b);  // the shared prefix
     for (std::uint64_t b = 0; b < 2; ++b) r.chain.hashes.push_back(9000 + 10 * k + b);
     w.requests.push_back(std::move(r));
@@ -226,14 +232,9 @@ TEST(Simulate, SharingReplicasKeepOneRoutersHitRateOnLongPrefixes) {
   Workload w;
   w.name = "long_shared_prefixes";
   for (std::uint64_t k = 0; k < 240; ++k) {
-    Request r;
-    r.arrival_s = 0.1 * static_cast<double>(k);
     const std::uint64_t group = (k * 7) % 12, prefix_blocks = 2000 + 150 * (group % 4), tail_blocks = 40;
-    r.prompt_tokens = static_cast<std::uint32_t>(16 * (prefix_blocks + tail_blocks));
-    r.output_tokens = 8;
-    r.chain.unit = hashing::Unit::kToken;
-    r.chain.block_units = 16;
-    r.chain.total_units = r.prompt_tokens;
+    Request r = token_request(0.1 * static_cast<double>(k),
+                              static_cast<std::uint32_t>(16 * (prefix_blocks + tail_blocks)), 8);
     for (std::uint64_t b = 0; b < prefix_blocks; ++b) r.chain.hashes.push_back((group + 1) * 1'000'000 + b);
     for (std::uint64_t b = 0; b < tail_blocks; ++b) r.chain.hashes.push_back(900'000'000 + 100 * k + b);
     w.requests.push_back(std::move(r));
@@ -272,13 +273,7 @@ TEST(Simulate, SharingReplicasTakeTurnsOnBurstsThatReachThemAtOnce) {
   Workload w;
   w.name = "simultaneous_bursts";
   for (std::uint64_t k = 0; k < 16 * 60; ++k) {
-    Request r;
-    r.arrival_s = static_cast<double>(k / 16);
-    r.prompt_tokens = 8192;
-    r.output_tokens = 128;
-    r.chain.unit = hashing::Unit::kToken;
-    r.chain.block_units = 16;
-    r.chain.total_units = r.prompt_tokens;
+    Request r = token_request(static_cast<double>(k / 16), 8192, 128);
     for (std::uint64_t b = 0; b < 512; ++b) r.chain.hashes.push_back(1'000'000 * (k + 1) + b);
     w.requests.push_back(std::move(r));
   }
