@@ -25,10 +25,14 @@
 //              is close to how full the worker's cache is: docs/benchmarks.md, "Counting only real reuse")
 //   dup      = 5 x prefill time of the tokens some other worker holds but this one would recompute
 //   idle     = the fleet's spare prefill: the shortest prefill queue (pending / P) of any healthy worker
-//   delay    = 0.2 x out x step                       (this request's own decode time on the worker's batch)
+//   others   = beta x n x out x d                     what the request adds to the inter-token latency of the
+//                                                      n requests in flight there: d = step_per_token x (T +
+//                                                      out / 2) per step (architecture section 8: a memory-bound
+//                                                      step reads every running sequence's KV), for the part of
+//                                                      its out steps each of them is still decoding (beta)
 //   tail     = for prompts of 24K tokens or more: 10 x max(0, TTFT - the fleet's recent p97 TTFT)
 //   cost     = TTFT x (1 + TTFT / 5 s) + alpha x (evict + dup x (1 + 4 TTFT / 5 s + idle / 25 ms))
-//              + beta x delay + tail
+//              + others + tail
 //
 // The TTFT part of the cost is convex: a second of queueing costs 1 + 2 TTFT / 5 s, so a long prompt (whose
 // TTFT is seconds, and which sets the p99) goes where it starts soonest, while for short requests the cache
@@ -89,9 +93,6 @@ constexpr double kDuplicateTailWeight = 4.0;
 // at 1.25x the knee from 12.5 % to 12.8 %. 50 ms and more leave the synthetic trace's p99 at the knee above
 // block_cost's; 12.5 ms and less cost a synthetic or conversation cell by a hair.
 constexpr double kFleetBusySeconds = 0.025;
-// Weight, within `delay`, of the request's own decode time on the worker's batch. Small: it only has to
-// break the tie between workers whose TTFTs look alike but whose batches (and so every later token) differ.
-constexpr double kDecodeWeight = 0.2;
 // Scale of the convex TTFT cost (Terms::cost): at a TTFT of kTailSeconds a second more counts three times.
 constexpr double kTailSeconds = 5.0;
 // The queue behind a long prefill. The router counts a pending request's uncached tokens in full until its
@@ -127,7 +128,7 @@ class KvCost final : public RoutingPolicy {
   bool waits_for_computing_prefix() const override { return true; }
 
   struct Terms {
-    double ttft = 0, evict = 0, dup = 0, delay = 0, tail = 0;
+    double ttft = 0, evict = 0, dup = 0, others = 0, tail = 0;
     // The TTFT expected, as reported (Pick::expected_ttft_s), which routing does not compare: `ttft` prices
     // the queue and the admission wait for routing's sake (a margin against overload), and leaves out the
     // fixed part, which every worker has. Here, instead:
@@ -150,7 +151,7 @@ class KvCost final : public RoutingPolicy {
     // the fleet's shortest prefill queue, `idle_queue_s` (kFleetBusySeconds).
     double cost(const PolicyOptions& o, double idle_queue_s) const {
       const double dup_scale = 1.0 + kDuplicateTailWeight * ttft / kTailSeconds + idle_queue_s / kFleetBusySeconds;
-      return ttft * (1.0 + ttft / kTailSeconds) + o.alpha * (evict + dup * dup_scale) + o.beta * delay + tail;
+      return ttft * (1.0 + ttft / kTailSeconds) + o.alpha * (evict + dup * dup_scale) + others + tail;
     }
   };
 
@@ -206,7 +207,15 @@ class KvCost final : public RoutingPolicy {
       t.evict = std::ceil(m / tpb) * reuse * tpb / P;
     }
     if (most_matched > matched) t.dup = kDuplicateWeight * prefill_seconds(most_matched - matched, matched, P);
-    t.delay = kDecodeWeight * out * step;
+    // Seconds of others' latency count as seconds of this request's (weight 1). The requests' n is the router's
+    // own count, immediate (between two metric polls the reported `running` lags), or what the worker reports if
+    // more (requests another router sent). beta: a request running there is on average half way through its
+    // decode, so it shares min(its remaining steps, out) ~ out / 2 of this request's steps (PolicyOptions::beta).
+    // The request's own decode time (out x the step at the worker's batch) is not priced: the batch it will
+    // decode with is mostly requests not yet sent, and pricing the present one (weights 0.1-1) lost seeds of
+    // the workload family against leaving it out (docs/benchmarks.md, "What a request costs the others").
+    const double n = static_cast<double>(std::max<std::uint32_t>(w.in_flight, w.running));
+    t.others = o_.beta * n * out * w.decode_step_per_token_s * (T + out / 2);
     if (T >= kLongPromptTokens && ctx.fleet_tail_ttft_s > 0) {
       t.tail = kTailPriceWeight * std::max(0.0, t.ttft - ctx.fleet_tail_ttft_s);
     }

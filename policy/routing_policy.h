@@ -211,7 +211,10 @@ class RoutingPolicy {
 struct PolicyOptions {
   // kv_cost weights (architecture section 7).
   double alpha = 1.0;   // weight of the recompute cost the request causes (evicted reused blocks, duplicates)
-  double beta = 0.5;    // weight of the request's own decode time on the worker's current batch
+  // Share of this request's decode that a request already running on the worker overlaps (kv_cost prices the
+  // inter-token latency it adds to them for that long): 0.5, derived, since a running request is on average half
+  // way through its own decode.
+  double beta = 0.5;
   // Session affinity: keep a bound worker unless its estimate exceeds the best by more than this. 0.25 s,
   // measured with the move guard of policy/session_affinity.cc on the saturated multi_turn benchmark cell
   // over five seeds: mean / p99 TTFT 0.39 / 5.0 s (0.3 s: 0.40 / 5.6; 0.5 s: 0.45 / 5.8; 0.1 s and 1 s worse

@@ -232,6 +232,30 @@ TEST(KvCost, LeavesThePrefixHolderOnlyWhileTheFleetHasSpareCapacity) {
   EXPECT_EQ(pick->reason, Reason::kPrefixHit);
 }
 
+// What a request adds to the inter-token latency of the requests already in flight on a worker is priced in
+// seconds: with 1e-6 s per context token per decode step, each of them decodes about half of the request's 256
+// steps with its 1128 tokens (1000 of prompt, half its output) in the batch.
+TEST(KvCost, LeavesAPrefixHolderWhenItWouldSlowTheRequestsRunningThereMore) {
+  auto p = make("kv_cost");
+  Scene s(2);
+  for (auto& w : s.workers) {
+    w.prefill_tokens_per_s = 1000;
+    w.decode_step_per_token_s = 1e-6;
+  }
+  s.match.blocks = {8, 0};
+  // 10 requests in flight on the holder (the router's own count; the worker has not reported them yet): 1.4 s
+  // added to their decodes, less than recomputing 800 tokens elsewhere costs.
+  s.workers[0].in_flight = 10;
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  // 100 in flight: 14 s of the others' time against a second of prefill; the prefix is copied.
+  s.workers[0].in_flight = 100;
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  // The same when the worker reports them running and the router has none of its own in flight there.
+  s.workers[0].in_flight = 0;
+  s.workers[0].running = 100;
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+}
+
 // Behind a long prefill, the queue is credited the time the worker has spent on it since its last first token,
 // up to half the oldest pending prefill, and counts the pending requests' own estimates when they are larger
 // (their attention to cached context). Behind short prefills the plain estimate stands.
