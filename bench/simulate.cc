@@ -742,6 +742,7 @@ class FleetSim {
       ctx.match = &match_;
     }
     ctx.preferred = preferred;
+    ctx.opens_session = r.session != 0 && !preferred;
     ctx.affinity_key = r.affinity_key;
     ctx.sequence = rep.sequence++;  // as the daemon's: this replica's own count (one replica: the request's id)
     ctx.random = mix(o_.seed, r.id);

@@ -146,6 +146,9 @@ struct RoutingContext {
   std::uint64_t sequence = 0;                  // request number, for round robin
   std::uint64_t random = 0;                    // a uniform random draw for this request
   double fleet_tail_ttft_s = 0;                // the fleet's recent TTFT tail (policy/recent_quantile.h), 0 unknown
+  // The request carries a session key that is bound to no worker yet: the worker it goes to keeps the session's
+  // later turns (session affinity), so the pick commits more than this request.
+  bool opens_session = false;
 
   std::uint32_t matched_blocks(std::size_t i) const { return match ? match->of(workers[i].id) : 0; }
   std::uint32_t matched_cpu_blocks(std::size_t i) const { return match ? match->cpu_of(workers[i].id) : 0; }

@@ -166,10 +166,12 @@ void Router::context(const RoutableRequest& request, const std::vector<policy::W
   if (request.session_key.empty()) return;
   session.hash = session_hash(request.session_key);
   session.id = shared_state::wire::hex64(session.hash);
+  ctx.opens_session = true;
   if (auto bound = bound_worker(session.id)) {
     for (std::size_t i = 0; i < views.size(); ++i) {
       if (views[i].id == *bound) ctx.preferred = i;
     }
+    ctx.opens_session = !ctx.preferred;
   } else if (auto* shared = shared_.load(std::memory_order_acquire)) {
     shared->lookup_session(session.hash);  // another replica may have bound it: known for the next turn
   }

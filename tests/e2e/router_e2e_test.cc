@@ -876,6 +876,51 @@ TEST(RouterE2E, SessionHeaderBindsToOneWorker) {
   EXPECT_EQ(seen.size(), 1u);
 }
 
+// kv_cost opens a session on a worker with the fewest requests in flight: the session's later turns stay there, so
+// a cached prefix on a busier worker, which wins a request without a session, does not decide it.
+TEST(RouterE2E, KvCostOpensASessionOnTheLeastBusyWorker) {
+  Fleet fleet(2, {"--policy", "kv_cost"}, /*speed=*/1);
+  std::string context;
+  for (int i = 0; i < 600; ++i) context += "tool output line " + std::to_string(i) + ". ";
+  auto send = [&](const std::string& suffix, int max_tokens, const std::string& session = "") {
+    json::object body{{"model", "qwen3-8b"}, {"prompt", context + suffix}, {"max_tokens", max_tokens}};
+    std::map<std::string, std::string> headers;
+    if (!session.empty()) headers["x-session-id"] = session;
+    return http(fleet.api(), "POST", "/v1/completions", json::serialize(body), headers);
+  };
+  auto warm = send(" first question", 1);
+  ASSERT_EQ(warm.status, 200) << warm.body;
+  const std::string holder = warm.header("x-kvroute-worker");
+  auto in_flight = [&](const std::string& name) {
+    const json::value listed = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
+    for (const auto& w : listed.at("workers").as_array()) {
+      if (w.at("name").as_string() == name) return w.at("in_flight").to_number<std::int64_t>();
+    }
+    return std::int64_t{-1};
+  };
+  // A long answer on the holder of the context, in flight while the next requests are routed.
+  std::string long_worker;
+  std::thread long_one([&] {
+    auto r = send(" write a long report", 600);
+    EXPECT_EQ(r.status, 200) << r.body;
+    long_worker = r.header("x-kvroute-worker");
+  });
+  for (int i = 0; i < 400 && in_flight(holder) < 1; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(in_flight(holder), 1) << "the long request did not go to the context's holder";
+  // Without a session, the cached context wins over one request in flight.
+  auto plain = send(" second question", 4);
+  EXPECT_EQ(plain.status, 200);
+  EXPECT_EQ(plain.header("x-kvroute-worker"), holder);
+  // Opening a session: the other, idle worker; its next turn stays there.
+  auto opened = send(" agent task", 4, "agent-1");
+  EXPECT_EQ(opened.status, 200);
+  const std::string session_worker = opened.header("x-kvroute-worker");
+  EXPECT_NE(session_worker, holder);
+  EXPECT_EQ(send(" agent task, turn 2", 4, "agent-1").header("x-kvroute-worker"), session_worker);
+  long_one.join();
+  EXPECT_EQ(long_worker, holder);
+}
+
 // --max-sessions bounds the bindings: the least recently used one is forgotten, counted, and its next request
 // is routed afresh, while the bindings in use stay.
 TEST(RouterE2E, SessionBindingsAreBounded) {
