@@ -166,6 +166,8 @@ void Router::context(const RoutableRequest& request, const std::vector<policy::W
   if (request.session_key.empty()) return;
   session.hash = session_hash(request.session_key);
   session.id = shared_state::wire::hex64(session.hash);
+  // An unbound session is new (kv_cost opens it on a worker with the fewest requests in flight), unless Redis is
+  // down: another replica may have bound it then, and the cached context decides as for any request.
   ctx.opens_session = true;
   if (auto bound = bound_worker(session.id)) {
     for (std::size_t i = 0; i < views.size(); ++i) {
@@ -174,6 +176,7 @@ void Router::context(const RoutableRequest& request, const std::vector<policy::W
     ctx.opens_session = !ctx.preferred;
   } else if (auto* shared = shared_.load(std::memory_order_acquire)) {
     shared->lookup_session(session.hash);  // another replica may have bound it: known for the next turn
+    ctx.opens_session = shared->up();
   }
 }
 
