@@ -155,8 +155,10 @@ class KvCost final : public RoutingPolicy {
     }
   };
 
-  // `most_matched`: the longest match any healthy worker has for this request (for the duplicate term).
-  Terms terms(const RoutingContext& ctx, std::size_t i, double most_matched) const {
+  // `most_matched`: the longest match any healthy worker has for this request (for the duplicate term);
+  // `step_per_token`: the candidates' mean decode-step time per context token (for the others' term), 0: the
+  // worker's own.
+  Terms terms(const RoutingContext& ctx, std::size_t i, double most_matched, double step_per_token = 0) const {
     const WorkerView& w = ctx.workers[i];
     const double tpb = ctx.tokens_per_block > 0 ? ctx.tokens_per_block : 16.0;
     const double P = std::max(w.prefill_tokens_per_s, 1.0);
@@ -214,8 +216,13 @@ class KvCost final : public RoutingPolicy {
     // The request's own decode time (out x the step at the worker's batch) is not priced: the batch it will
     // decode with is mostly requests not yet sent, and pricing the present one (weights 0.1-1) lost seeds of
     // the workload family against leaving it out (docs/benchmarks.md, "What a request costs the others").
+    // The time a context token adds to a step is the candidates' mean: it is the model's KV bytes over the
+    // GPUs' bandwidth, alike across one model's workers, while each router replica's per-worker value differs
+    // with the completions it happened to learn from, and with 8 replicas those differences moved requests off
+    // their prefix holders (shared_prefix: hit rate 0.953x one router's, with the mean 0.996x).
     const double n = static_cast<double>(std::max<std::uint32_t>(w.in_flight, w.running));
-    t.others = o_.beta * n * out * w.decode_step_per_token_s * (T + out / 2);
+    const double per_token = step_per_token > 0 ? step_per_token : w.decode_step_per_token_s;
+    t.others = o_.beta * n * out * per_token * (T + out / 2);
     if (T >= kLongPromptTokens && ctx.fleet_tail_ttft_s > 0) {
       t.tail = kTailPriceWeight * std::max(0.0, t.ttft - ctx.fleet_tail_ttft_s);
     }
@@ -233,23 +240,28 @@ class KvCost final : public RoutingPolicy {
   }
 
   std::optional<Pick> pick(const RoutingContext& ctx) const override {
-    // The longest match any healthy worker has (for the duplicate term) and the shortest prefill queue.
+    // The longest match any healthy worker has (for the duplicate term), the shortest prefill queue and the
+    // mean decode-step time per context token.
     std::uint64_t most_matched = 0;
-    double idle_queue_s = std::numeric_limits<double>::infinity();
+    double idle_queue_s = std::numeric_limits<double>::infinity(), step_per_token = 0;
+    std::size_t healthy = 0;
     for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
       const WorkerView& w = ctx.workers[i];
       if (!w.healthy) continue;
+      ++healthy;
+      step_per_token += w.decode_step_per_token_s;
       most_matched = std::max(most_matched, ctx.matched_tokens(i));
       const double queue_s = static_cast<double>(w.pending_prefill_tokens) / std::max(w.prefill_tokens_per_s, 1.0);
       idle_queue_s = std::min(idle_queue_s, queue_s);
     }
+    if (healthy > 0) step_per_token /= static_cast<double>(healthy);
     std::optional<std::size_t> best;
     double best_cost = std::numeric_limits<double>::infinity(), best_ttft = 0, best_expected = 0;
     for (std::size_t k = 0; k < ctx.workers.size(); ++k) {
       const std::size_t i = (k + ctx.sequence) % ctx.workers.size();
       const WorkerView& w = ctx.workers[i];
       if (!w.healthy) continue;
-      const Terms t = terms(ctx, i, static_cast<double>(most_matched));
+      const Terms t = terms(ctx, i, static_cast<double>(most_matched), step_per_token);
       const double c = t.cost(o_, idle_queue_s);
       // A request opening a session goes to a worker with the fewest requests in flight, the cheapest of those.
       // Its pick binds the session's later turns, whose load is unknown now but alike in expectation for every
