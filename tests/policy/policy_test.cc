@@ -247,7 +247,8 @@ TEST(KvCost, LeavesAPrefixHolderWhenItWouldSlowTheRequestsRunningThereMore) {
   // added to their decodes, less than recomputing 800 tokens elsewhere costs.
   s.workers[0].in_flight = 10;
   EXPECT_EQ(p->pick(s.context())->worker, 0u);
-  // 100 in flight: 14 s of the others' time against a second of prefill; the prefix is copied.
+  // 100 in flight: 14 s of the others' time, more than recomputing the 800 tokens elsewhere costs; the prefix is
+  // copied.
   s.workers[0].in_flight = 100;
   EXPECT_EQ(p->pick(s.context())->worker, 1u);
   // The same when the worker reports them running and the router has none of its own in flight there.
