@@ -375,8 +375,8 @@ const std::vector<Option>& options() {
        DOUBLE_OPT(shed_kv_usage, 0, 1)},
       {"kv-cost-alpha", "X", "kv_cost weight of the recompute a request causes: evicted reused blocks, prefixes "
        "duplicated from another worker (default 1)", DOUBLE_OPT(kv_cost_alpha, 0, 1e6)},
-      {"kv-cost-beta", "X", "kv_cost: share of a request's decode the requests already running on its worker overlap (default 0.5)",
-       DOUBLE_OPT(kv_cost_beta, 0, 1e6)},
+      {"kv-cost-beta", "X", "kv_cost: share of a request's decode the requests already running on its worker "
+       "overlap (default 0.5)", DOUBLE_OPT(kv_cost_beta, 0, 1e6)},
       {"shared-state", "redis://[:PASSWORD@]HOST:PORT[/DB]",
        "share routing state with the other router replicas through this Redis: predicted prefixes, load, "
        "sessions, response ids, cordons and admin-added workers, learned rates (default: none, a replica alone; "

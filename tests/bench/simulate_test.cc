@@ -23,6 +23,15 @@ BenchConfig small_config(const std::string& workload, std::size_t requests, std:
   return c;
 }
 
+// kv_cost alone over a hand-built workload on `workers` workers.
+BenchConfig kv_cost_config(std::size_t workers) {
+  BenchConfig c;
+  c.sim.workers = workers;
+  c.policies = {"kv_cost"};
+  c.progress = false;
+  return c;
+}
+
 // decision_us_* is the router's wall-clock decision time: the only field that is not a function of the seed.
 std::string without_timing(const std::string& json) {
   return std::regex_replace(json, std::regex("\"decision_us_p(50|99)\":[^,}]*"), "\"decision_us\":0");
@@ -205,10 +214,8 @@ TEST(Simulate, PrefixHoldSavesRecomputingAPrefixBeingComputed) {
     w.requests.push_back(std::move(r));
   }
   finalize(w);
-  BenchConfig c;
-  c.sim.workers = 1;  // on an idle fleet a second worker would compute the prefix at no cost to anyone
-  c.policies = {"kv_cost"};
-  c.progress = false;
+  // One worker: on an idle fleet a second would compute the prefix at no cost to anyone.
+  BenchConfig c = kv_cost_config(1);
   auto cached_share = [&](double hold, sim::PrefixCommit commit) {
     c.sim.prefix_hold_s = hold;
     c.sim.prefix_commit = commit;
@@ -240,10 +247,7 @@ TEST(Simulate, SharingReplicasKeepOneRoutersHitRateOnLongPrefixes) {
     w.requests.push_back(std::move(r));
   }
   finalize(w);
-  BenchConfig c;
-  c.sim.workers = 4;
-  c.policies = {"kv_cost"};
-  c.progress = false;
+  BenchConfig c = kv_cost_config(4);
   c.sim.sync_delay_s = 0;
   for (const ModeChoice mode : {ModeChoice::kApproximate, ModeChoice::kPrecise}) {
     c.mode = mode;
@@ -278,10 +282,7 @@ TEST(Simulate, SharingReplicasTakeTurnsOnBurstsThatReachThemAtOnce) {
     w.requests.push_back(std::move(r));
   }
   finalize(w);
-  BenchConfig c;
-  c.sim.workers = 8;
-  c.policies = {"kv_cost"};
-  c.progress = false;
+  BenchConfig c = kv_cost_config(8);
   c.mode = ModeChoice::kApproximate;
   auto run = [&](std::size_t replicas, bool stagger) {
     c.sim.replicas = replicas;
