@@ -501,12 +501,29 @@ class FleetSim {
     l.prefill_queue.remove(id, /*first_token=*/true, t);
     // The router sees a streamed first token: when the worker's event stored the last block this request
     // computed, against now, teaches the worker's commit timing (Router::first_byte).
-    rep.computing.first_token(w, f.computing, t);
+    const auto unstored = rep.computing.first_token(w, f.computing, t);
     // Requests held for this one's prefix go now (the router sees its first byte).
     for (auto& h : ws.held)
       if (h.leader == f.computing && h.replica == f.replica) h.release_at = std::min(h.release_at, t);
+    // ... and those the other replicas hold for it once its record reaches them (SharedState::prefix_computed,
+    // sent when the worker's event has not stored the prefix yet). The others' entries for it went when the
+    // engine emitted that event (kv_event() applies it at once, dated when it arrives), so the held requests
+    // are found by the block they wait for.
+    if (sharing_ && unstored) {
+      const auto& chain = w_.requests[id].chain.hashes;
+      for (auto& h : ws.held)
+        if (h.replica != f.replica && std::find(chain.begin(), chain.end(), h.block) != chain.end())
+          h.release_at = std::min(h.release_at, t + o_.sync_delay_s);
+    }
     l.active_decode += w_.requests[id].prompt_tokens;
+    // The worker's decode context as the daemon learns from it (the view it priced: its own load plus what the
+    // other replicas' published load and records add), not this replica's share alone.
     f.decode_context = l.active_decode;
+    if (sharing_) {
+      policy::LoadShare remote = rep.remote[w];
+      remote.drain(t - rep.remote_at[w]);
+      f.decode_context += remote.active_decode_tokens;
+    }
   }
 
   void finish(WorkerId w, std::uint64_t id, double t, const sim::Usage& u) {
@@ -744,7 +761,9 @@ class FleetSim {
     ctx.preferred = preferred;
     ctx.opens_session = r.session != 0 && !preferred;
     ctx.affinity_key = r.affinity_key;
-    ctx.sequence = rep.sequence++;  // as the daemon's: this replica's own count (one replica: the request's id)
+    // As the daemon's: this replica's own count (one replica: the request's id), interleaved with the others'
+    // when they share state (the daemon knows its rank among them only then).
+    ctx.sequence = policy::replica_sequence(rep.sequence++, replica, sharing_ ? reps_.size() : 1);
     ctx.random = mix(o_.seed, r.id);
     ctx.fleet_tail_ttft_s = rep.tail.value();
     const std::optional<policy::Pick> pick = policy_.pick(ctx);

@@ -56,14 +56,30 @@ void ComputingPrefixes::stored(WorkerId worker, std::span<const BlockHash> block
   std::erase_if(list, [](const Entry& e) { return e.elsewhere && e.stored_at >= 0; });
 }
 
-void ComputingPrefixes::first_token(WorkerId worker, Token token, double now) {
+std::optional<BlockHash> ComputingPrefixes::first_token(WorkerId worker, Token token, double now) {
   std::lock_guard lock(mu_);
   const auto e = take(worker, token);
-  if (!e || e->blocks.size() < kTeachMinBlocks || e->blocks.size() > kTeachMaxBlocks) return;
+  if (!e) return std::nullopt;
+  std::optional<BlockHash> unstored;
+  if (e->stored_at < 0 || e->stored_at > now) unstored = e->blocks.back();  // later: a simulation's event in flight
+  if (e->blocks.size() < kTeachMinBlocks || e->blocks.size() > kTeachMaxBlocks) return unstored;
   const double margin = 0.25 * (now - e->began_at);
   const bool at_schedule = e->stored_at >= 0 && now - e->stored_at >= margin;
   int& score = workers_[worker].commits_at_schedule;
   score = std::clamp(score + (at_schedule ? 1 : -1), -3, 3);
+  return unstored;
+}
+
+std::vector<ComputingPrefixes::Token> ComputingPrefixes::computed_elsewhere(WorkerId worker, BlockHash last) {
+  std::vector<Token> done;
+  std::lock_guard lock(mu_);
+  if (worker >= workers_.size()) return done;
+  std::erase_if(workers_[worker].entries, [&](const Entry& e) {
+    if (!e.elsewhere || e.blocks.back() != last) return false;
+    done.push_back(e.token);
+    return true;
+  });
+  return done;
 }
 
 ComputingPrefixes::Commit ComputingPrefixes::commit(WorkerId worker) const {

@@ -14,6 +14,7 @@
 //   if (auto leader = c.computing(w, m - 1, other[m - 1])) ...   // another request's prefix of m blocks
 //   c.stored(w, event_blocks, now);                              // the worker's KV event
 //   c.first_token(w, t, now);                                    // its first token (c.end(w, t) if none)
+//   c.computed_elsewhere(w, last);                               // another replica's request's first token
 //
 // Holding helps only on engines that make blocks hits after the step that computes them. vLLM v1 makes them
 // hits when it schedules them (and its KV events say so then), so a request admitted with the one computing
@@ -60,7 +61,13 @@ class ComputingPrefixes {
   // the requests in prefill there whose last computed block is among them.
   void stored(WorkerId worker, std::span<const BlockHash> blocks, double now);
   // Its first token came at `now`. Ends it, and from a prefill of one chunk teaches the worker's commit timing.
-  void first_token(WorkerId worker, Token token, double now);
+  // Returns the last block it computed when no KV event has stored that block yet: other router replicas may
+  // hold requests for it, and hear of it sooner from this one (SharedState::prefix_computed) than from the
+  // event, which on engines that store blocks after the step races the first token.
+  std::optional<BlockHash> first_token(WorkerId worker, Token token, double now);
+  // Another replica's request computing up to `last` on `worker` had its first token: ends the entries
+  // begin_elsewhere() made for it and returns their tokens (the requests held for them may go).
+  std::vector<Token> computed_elsewhere(WorkerId worker, BlockHash last);
   // When the worker makes computed blocks hits, as its first tokens and events have shown so far.
   enum class Commit { kUnknown, kAfterStep, kAtSchedule };
   Commit commit(WorkerId worker) const;

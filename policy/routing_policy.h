@@ -134,6 +134,16 @@ inline std::uint32_t expected_output_tokens(std::uint32_t max_tokens) {
   return max_tokens > 0 ? max_tokens : kDefaultOutputTokens;
 }
 
+// RoutingContext::sequence of a router replica's `own`-th request (counted from 0) while `replicas` replicas run
+// and this one is of rank `rank` among them (0 when alone): own x replicas + rank. Policies rotate ties and round
+// robin with the sequence; replicas that each counted their own requests from 0 would all start that rotation at
+// the same worker, so that requests reaching several of them at once (a burst, or every replica's first requests
+// on a cold fleet) went to one idle worker. Interleaved, the replicas' sequences are the one router's count when
+// arrivals go to them in turn.
+inline std::uint64_t replica_sequence(std::uint64_t own, std::size_t rank, std::size_t replicas) {
+  return replicas <= 1 ? own : own * replicas + std::min(rank, replicas - 1);
+}
+
 struct RoutingContext {
   const hashing::BlockChain* chain = nullptr;  // may be null (no routable prompt)
   double tokens_per_block = 16.0;              // tokens one chain block stands for

@@ -132,6 +132,10 @@ void ReplicaSync::apply_response_owner(const std::string& id, const std::string&
   if (auto w = registry_.find_by_url(worker)) router_.adopt_response(id, w->id());
 }
 
+void ReplicaSync::apply_prefix_computed(const std::string& worker, hashing::BlockHash last) {
+  if (auto w = registry_.find_by_url(worker)) router_.computed_elsewhere(w->id(), last);
+}
+
 void ReplicaSync::add_shared_worker(const std::string& url, const std::string& attrs) {
   if (registry_.find_by_url(url)) return;
   auto ep = backends::parse_worker_url(url);

@@ -48,6 +48,7 @@ class ReplicaSync final : public shared_state::Handler {
   void apply_routed(const shared_state::Routed& r) override;
   void apply_session(std::uint64_t session, const std::string& worker) override;
   void apply_response_owner(const std::string& id, const std::string& worker) override;
+  void apply_prefix_computed(const std::string& worker, hashing::BlockHash last) override;
   void apply_admin(const shared_state::AdminChange& c) override;
   void apply_admin_state(const shared_state::AdminState& s) override;
   void apply_rates(const std::string& worker, const policy::WorkerRates& r) override;

@@ -157,6 +157,10 @@ void Router::context(const RoutableRequest& request, const std::vector<policy::W
   ctx.workers = views;
   ctx.affinity_key = request.affinity_key;
   ctx.sequence = sequence_.fetch_add(1, std::memory_order_relaxed);
+  if (auto* shared = shared_.load(std::memory_order_acquire)) {
+    const shared_state::SharedState::Turn turn = shared->turn();
+    ctx.sequence = policy::replica_sequence(ctx.sequence, turn.rank, turn.replicas);
+  }
   ctx.random = mix(ctx.sequence);
   ctx.fleet_tail_ttft_s = ttft_tail_.value();
   if (policy_->uses_prefix_match()) {

@@ -76,7 +76,10 @@ void Router::computing_done(Decision& d, bool first_token) {
   if (token == 0) return;
   const auto id = d.worker->id();
   if (first_token) {
-    computing_.first_token(id, token, steady_seconds(d.first_byte_at));
+    const auto unstored = computing_.first_token(id, token, steady_seconds(d.first_byte_at));
+    // Replicas holding requests for this prefix hear of it now, not only when the worker's event stores it.
+    auto* shared = shared_.load(std::memory_order_acquire);
+    if (unstored && shared && shared->up()) shared->prefix_computed(d.worker->endpoint().url, *unstored);
   } else {
     computing_.end(id, token);
   }
@@ -162,6 +165,10 @@ void Router::expect_elsewhere(hashing::WorkerId worker, std::span<const hashing:
   if (config_.prefix_hold_s > 0 && policy_->waits_for_computing_prefix()) {
     computing_.begin_elsewhere(worker, chain, computes_from, steady_seconds(std::chrono::steady_clock::now()));
   }
+}
+
+void Router::computed_elsewhere(hashing::WorkerId worker, hashing::BlockHash last) {
+  for (const auto token : computing_.computed_elsewhere(worker, last)) hold_waiters_.leader_done(worker, token);
 }
 
 void Router::adopt_session(std::uint64_t key_hash, hashing::WorkerId worker) {

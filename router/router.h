@@ -159,6 +159,9 @@ class Router {
   // Another replica routed this token chain to a precise-mode worker: expected here too (predicted until the
   // worker's events store it), and its blocks from `computes_from` on computing there, for prefix holds.
   void expect_elsewhere(hashing::WorkerId worker, std::span<const hashing::BlockHash> chain, std::size_t computes_from);
+  // Another replica's request computing up to `last` on the worker had its first token (SharedState::
+  // prefix_computed): the requests held here for its prefix check again.
+  void computed_elsewhere(hashing::WorkerId worker, hashing::BlockHash last);
   void adopt_response(const std::string& id, hashing::WorkerId worker);
   void seed_rates(hashing::WorkerId worker, const policy::WorkerRates& rates) { learner_.seed(worker, rates); }
   // The other replicas' load, indexed by worker id (replaces the previous one; empty: none known), as of

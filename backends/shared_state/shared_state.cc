@@ -116,6 +116,13 @@ void SharedState::response_owner(std::string_view id, std::string_view worker) {
   enqueue(std::move(s));
 }
 
+void SharedState::prefix_computed(std::string_view worker, hashing::BlockHash last) {
+  Command c;
+  c.args = {"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen), "*", "r", replica_,
+            "k",    "F",           "w",      std::string(worker), "b", wire::hex64(last)};
+  enqueue(std::move(c));
+}
+
 void SharedState::admin(const AdminChange& change) {
   static constexpr const char* kOps[] = {"cordon", "uncordon", "add", "remove"};
   Command c;
@@ -470,6 +477,10 @@ void SharedState::apply_record(std::span<const std::pair<std::string_view, std::
     if (r.session != 0) handler_.apply_session(r.session, worker);
   } else if (kind == "O") {
     handler_.apply_response_owner(std::string(field("i")), worker);
+  } else if (kind == "F") {
+    const auto last = wire::parse_hex64(field("b"));
+    if (!last) return;
+    handler_.apply_prefix_computed(worker, *last);
   } else if (kind == "A") {
     const auto op = field("op");
     AdminChange c;

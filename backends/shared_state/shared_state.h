@@ -4,7 +4,8 @@
 // What goes through Redis (keys under --shared-state-prefix P; docs/operations.md, "Router replicas"):
 //  * P:stream, a Redis Stream (XADD ... MAXLEN ~ N): what each replica routed in approximate mode (the worker's
 //    URL, the namespace root and the chain's block hashes, never prompt text; with the hash of the session key
-//    it bound), the owners of Responses API ids, and admin changes. Every replica applies the others' records.
+//    it bound), the owners of Responses API ids, the first tokens of requests whose computed prefix no KV
+//    event has stored yet (precise mode), and admin changes. Every replica applies the others' records.
 //  * P:load:REPLICA (SET ... PX) and the set P:replicas: each replica's in-flight requests, pending prefill,
 //    decode context and time without a first token per worker, every --shared-state-interval, expiring when the
 //    replica stops publishing.
@@ -137,6 +138,7 @@ class Handler {
   virtual void apply_routed(const Routed& r) = 0;
   virtual void apply_session(std::uint64_t session, const std::string& worker) = 0;
   virtual void apply_response_owner(const std::string& id, const std::string& worker) = 0;
+  virtual void apply_prefix_computed(const std::string& worker, hashing::BlockHash last) = 0;
   virtual void apply_admin(const AdminChange& c) = 0;
   virtual void apply_admin_state(const AdminState& s) = 0;
   virtual void apply_rates(const std::string& worker, const policy::WorkerRates& r) = 0;
@@ -189,6 +191,10 @@ class SharedState {
   void routed(std::string_view worker, std::uint64_t root, std::span<const hashing::BlockHash> hashes,
               std::uint64_t session, const policy::LoadShare& load = {}, std::uint32_t computes_from = 0);
   void response_owner(std::string_view id, std::string_view worker);
+  // A request this replica sent to `worker` had its first token before the worker's KV event stored `last`,
+  // the last block it computed: the others release the requests they hold for that prefix (prefix holds,
+  // hashing/computing_prefixes.h) without waiting for the event.
+  void prefix_computed(std::string_view worker, hashing::BlockHash last);
   void admin(const AdminChange& change);
   // Asks Redis for a binding this replica does not know; the answer, if any, comes through the handler.
   void lookup_session(std::uint64_t session);

@@ -268,12 +268,13 @@ TEST(Simulate, SharingReplicasKeepOneRoutersHitRateOnLongPrefixes) {
 
 // Bursts that reach every replica at the same instant (a batch through a load balancer; the Mooncake
 // conversation trace's whole-second arrivals): 16 cold 8K-token prompts at once, every second, over 8 replicas
-// and 8 workers. Replicas that price the same view send their first requests to the same worker (ties go by each
-// replica's own request count, as in the daemon); taking turns (policy::BurstStagger, one stream delay per rank)
-// they route each burst as one router does. (Bursts closer together, 0.6 s, load the workers' prefill to 77 %:
-// there a burst spread 3-3-3-3-1-1-1-1 once stays uneven from burst to burst, and taking turns gives 1.23x one
-// router's mean TTFT, against 2.3x without.)
-TEST(Simulate, SharingReplicasTakeTurnsOnBurstsThatReachThemAtOnce) {
+// and 8 workers. Replicas that price the same view send their requests to the same cheapest worker; taking turns
+// (policy::BurstStagger, one stream delay per rank) they route each burst as one router does. On this idle
+// fleet every worker ties, and the tie rotation interleaved by rank (policy::replica_sequence) spreads the
+// burst as well, with or without turns (with each replica's own count alone, the turns were what did: 0.488 s
+// against 0.956 s without). Where costs differ, only the turns help: the conversation trace's first 3,000
+// requests at 8 replicas, mean TTFT 0.99x one router's taking turns, 1.41x without (docs/benchmarks.md).
+TEST(Simulate, SharingReplicasSpreadBurstsThatReachThemAtOnceAsOneRouter) {
   Workload w;
   w.name = "simultaneous_bursts";
   for (std::uint64_t k = 0; k < 16 * 60; ++k) {
@@ -297,9 +298,9 @@ TEST(Simulate, SharingReplicasTakeTurnsOnBurstsThatReachThemAtOnce) {
               one.ttft.mean, turns.ttft.mean, static_cast<unsigned long long>(turns.staggered), herd.ttft.mean);
   EXPECT_EQ(one.staggered + herd.staggered, 0u);
   EXPECT_GT(turns.staggered, 0u);
-  // Measured: 0.478 s, 0.488 s and 0.956 s.
+  // Measured: 0.478 s, 0.481 s and 0.478 s.
   EXPECT_LE(turns.ttft.mean, 1.05 * one.ttft.mean);
-  EXPECT_GT(herd.ttft.mean, 1.5 * one.ttft.mean);
+  EXPECT_LE(herd.ttft.mean, 1.05 * one.ttft.mean);
 }
 
 // The debug dump: one CSV per policy run, a header and one line per completed request, with the session's bound

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -179,14 +180,15 @@ class Replicas {
  public:
   // `redis_url`, when given, is what the replicas connect to instead of redis->url() (a proxy in front of it).
   // `precise`: the workers publish KV events (with a replay socket) and every replica subscribes to them.
-  // `router_args` are added to every replica's command line.
+  // `router_args` are added to every replica's command line, `sim_args` to the workers' (later flags win).
   Replicas(int replicas, const Redis* redis, int gpu_blocks = 4096, std::string redis_url = "", bool precise = false,
-           std::vector<std::string> router_args = {})
+           std::vector<std::string> router_args = {}, const std::vector<std::string>& sim_args = {})
       : redis_(redis), redis_url_(std::move(redis_url)), precise_(precise), router_args_(std::move(router_args)) {
     sim_ = free_ports(kWorkers);
     std::vector<std::string> sim_argv{bin("kvroute-sim"), "--port", std::to_string(sim_), "--workers",
                                       std::to_string(kWorkers), "--speed", "20", "--num-gpu-blocks",
                                       std::to_string(gpu_blocks)};
+    sim_argv.insert(sim_argv.end(), sim_args.begin(), sim_args.end());
     if (precise_) {
       ev_ = free_ports(kWorkers);
       replay_ = free_ports(kWorkers);
@@ -430,8 +432,10 @@ TEST(ReplicasE2E, ApproximateHitRateMatchesOneReplica) {
 
 // Bursts that reach every replica at the same instant, as a client firing a batch through a load balancer makes
 // them: 6 long cold prompts at once, 2 through each of 3 replicas, onto 4 idle workers. One router spreads a
-// burst 2-2-1-1; replicas that each priced the same idle fleet sent their first requests to the same worker.
-// Taking turns (policy/burst_stagger.h) they spread it as one router does.
+// burst 2-2-1-1; replicas that each priced the same idle fleet, and rotated ties from the same place, sent their
+// first requests to the same worker. Taking turns (policy/burst_stagger.h) they spread it as one router does;
+// with their tie rotations interleaved by rank (policy::replica_sequence) they do even without turns, as the
+// workers of an idle fleet tie (the turns still matter where costs differ: docs/benchmarks.md).
 TEST(ReplicasE2E, BurstsReachingEveryReplicaAtOnceAreSpreadAsOneRouterSpreadsThem) {
   if (!redis_available()) GTEST_SKIP() << "redis-server is not installed (scripts/setup.sh installs it)";
   // The first bursts teach each replica that its arrivals come in bursts (BurstStagger learns it over about 64
@@ -493,8 +497,8 @@ TEST(ReplicasE2E, BurstsReachingEveryReplicaAtOnceAreSpreadAsOneRouterSpreadsThe
   EXPECT_EQ(turns.ranks, (std::set<std::int64_t>{0, 1, 2}));
   EXPECT_GT(turns.stream_delay_s, 0);
   EXPECT_LT(turns.stream_delay_s, 0.025);
-  // Measured on two busy cores: taking turns 2.00-2.37 with 73-131 requests waiting, without 2.47-2.85, one
-  // router 2.00. A replica waits only for arrivals within a stream delay (a millisecond or two) of each other;
+  // Measured on two busy cores: taking turns 2.00 with 125 requests waiting, without 2.03, one router 2.00
+  // (before the interleaved tie rotation: taking turns 2.00-2.37, without 2.47-2.85). A replica waits only for arrivals within a stream delay (a millisecond or two) of each other;
   // under a sanitizer every process runs several times slower, a burst's two 25 KB bodies reach a replica
   // further apart than that, and none waits (as measured under ASan and TSan): there the spread is not judged.
 #if KVROUTE_SANITIZED
@@ -502,8 +506,8 @@ TEST(ReplicasE2E, BurstsReachingEveryReplicaAtOnceAreSpreadAsOneRouterSpreadsThe
 #else
   EXPECT_GT(turns.staggered, 0);
   EXPECT_LE(turns.most, one.most + 0.4);
-  EXPECT_LT(turns.most, herd.most);
 #endif
+  EXPECT_LE(herd.most, one.most + 0.4);  // ties interleaved: spread without turns too
 }
 
 TEST(ReplicasE2E, ConversationAlternatingReplicasStaysOnOneWorker) {
@@ -749,6 +753,67 @@ TEST(ReplicasE2E, PreciseHitRateMatchesOneReplica) {
               three.hit_rate() / one.hit_rate());
   EXPECT_EQ(one.failed + three.failed, 0);
   EXPECT_GE(three.hit_rate(), 0.99 * one.hit_rate());
+}
+
+// kv_cost's prefix hold across replicas (router/router.h, Router::prefix_held). A request for a 12K-token prefix
+// goes through replica 0; while its worker computes that prefix, a second request for it reaches replica 1,
+// which knows the first from its routed record and holds the second rather than have the worker compute the
+// prefix again. The workers' KV events come 0.6 s late (a busy publisher, a slow network): the hold ends with
+// the first request's first token, which replica 0 passes on through Redis, not with the event.
+TEST(ReplicasE2E, APrefixHoldOnOneReplicaEndsWithAnotherReplicasFirstToken) {
+  if (!redis_available()) GTEST_SKIP() << "redis-server is not installed";
+  Redis redis;
+  // Workers at twice real time (the 12K-token prefill takes about 0.15 s) and the priors to match (see
+  // kPrefillPrior); holds last up to 2 s, so only the first token or the event can end one early.
+  Replicas fleet(2, &redis, 4096, "", /*precise=*/true,
+                 {"--prefill-tokens-per-s", "53000", "--decode-step-s", "0.0035", "--prefix-hold", "2"},
+                 {"--speed", "2", "--kv-events-delay", "0.6"});
+  std::mt19937_64 rng(11);
+  json::array prefix;
+  for (int t = 0; t < 12288; ++t) prefix.push_back(static_cast<std::int64_t>(1000 + rng() % 50000));
+  auto body = [&](int tail, bool stream) {
+    json::array prompt = prefix;
+    for (int t = 0; t < 32; ++t) prompt.push_back(static_cast<std::int64_t>(60000 + tail * 100 + t));
+    json::object b{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}, {"stream", stream}};
+    return json::serialize(b);
+  };
+  const auto sent = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point first_piece{};
+  HttpResponse first;
+  std::thread leader([&] {
+    first = http_stream(fleet.api(0), "POST", "/v1/completions", body(1, true), {},
+                        [&](const std::string& piece, std::chrono::steady_clock::time_point at) {
+                          if (first_piece == std::chrono::steady_clock::time_point{} && piece.find("data:") != std::string::npos)
+                            first_piece = at;
+                        });
+  });
+  // Once replica 0 has sent the first (its record reaches replica 1 within milliseconds).
+  const auto routed_by = sent + 5s;
+  auto routed = [&] {
+    const auto workers = json::parse(http(fleet.admin(0), "GET", "/admin/workers").body);
+    for (const auto& w : workers.at("workers").as_array())
+      if (w.at("in_flight").to_number<int>() > 0) return true;
+    return false;
+  };
+  while (!routed() && std::chrono::steady_clock::now() < routed_by) std::this_thread::sleep_for(2ms);
+  std::this_thread::sleep_for(20ms);
+  const double second_sent_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  const HttpResponse second = http(fleet.api(1), "POST", "/v1/completions", body(2, false));
+  leader.join();
+  ASSERT_EQ(first.status, 200) << first.error;
+  ASSERT_EQ(second.status, 200) << second.body << second.error;
+  const double first_token_s = std::chrono::duration<double>(first_piece - sent).count();
+  const auto usage = json::parse(second.body).at("usage");
+  const double cached = usage.at("prompt_tokens_details").at("cached_tokens").to_number<double>();
+  const double holds = metric(fleet.admin(1), "kvroute_prefix_holds_total");
+  const double held_s = metric(fleet.admin(1), "kvroute_prefix_hold_seconds_total");
+  std::printf("cross-replica hold: first token at %.3f s, second sent at %.3f s, held %.3f s, cached %.0f tokens\n",
+              first_token_s, second_sent_s, held_s, cached);
+  EXPECT_EQ(second.header("x-kvroute-worker"), first.header("x-kvroute-worker"));
+  EXPECT_EQ(holds, 1.0);
+  EXPECT_GE(cached, 12288.0);  // the whole prefix, read from the worker's cache
+  // Ended by the first token (plus Redis's round trips), long before the 0.6 s late event.
+  EXPECT_LT(second_sent_s + held_s, first_token_s + 0.2);
 }
 
 // A replica joining a busy fleet in precise mode replays every worker's event buffer before it is ready: the

@@ -52,6 +52,34 @@ TEST(ComputingPrefixes, AnotherReplicasRequestComputesUntilTheWorkerStoresItsLas
   EXPECT_EQ(c.size(1), 1u);
 }
 
+// A first token before the worker's event stored the request's last block is news for the other replicas: the
+// sender is told that block, and the others' entries for it end when they hear of it.
+TEST(ComputingPrefixes, AFirstTokenBeforeTheEventReachesTheOtherReplicasEntries) {
+  ComputingPrefixes sender, other;
+  const std::vector<BlockHash> a{41, 42, 43};
+  const auto mine = sender.begin(3, a, 1, 5.0);
+  const auto theirs = other.begin_elsewhere(3, a, 1, 5.0);
+  const auto unrelated = other.begin_elsewhere(3, std::vector<BlockHash>{41, 42, 44}, 1, 5.0);
+  const auto own = other.begin(3, a, 1, 5.0);  // the other replica's own request for the same blocks
+  EXPECT_EQ(sender.first_token(3, mine, 5.2), BlockHash{43});
+  EXPECT_EQ(other.computed_elsewhere(3, 43), std::vector<ComputingPrefixes::Token>{theirs});
+  EXPECT_FALSE(other.active(3, theirs));
+  EXPECT_TRUE(other.active(3, unrelated));
+  EXPECT_TRUE(other.active(3, own));  // its own first token ends it
+  EXPECT_TRUE(other.computed_elsewhere(3, 43).empty());
+  EXPECT_TRUE(other.computed_elsewhere(9, 43).empty());  // a worker never seen
+  // Stored before the first token (an engine that stores blocks when it schedules them): the event told everyone.
+  const auto next = sender.begin(3, a, 1, 6.0);
+  sender.stored(3, std::vector<BlockHash>{43}, 6.1);
+  EXPECT_FALSE(sender.first_token(3, next, 6.2));
+  EXPECT_FALSE(sender.first_token(3, next, 6.2));  // ended already
+  // An event dated after the first token (kvroute-bench applies an event when the engine emits it, dated when it
+  // reaches the router) has not stored it yet.
+  const auto late = sender.begin(3, a, 1, 7.0);
+  sender.stored(3, std::vector<BlockHash>{43}, 7.3);
+  EXPECT_EQ(sender.first_token(3, late, 7.2), BlockHash{43});
+}
+
 TEST(ComputingPrefixes, TwoRequestsComputingTheSameBlockAnswerTheFirst) {
   ComputingPrefixes c;
   const std::vector<BlockHash> chain{1, 2, 3};

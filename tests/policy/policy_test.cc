@@ -278,6 +278,26 @@ TEST(KvCost, OpensASessionOnAWorkerWithTheFewestRequestsInFlight) {
   EXPECT_EQ(p->pick(s.ctx)->worker, 2u);
 }
 
+// Router replicas that route at once on an idle fleet (each one's first request, or a burst spread over them)
+// see identical workers. Each counting its own requests from 0, all would start the tie rotation at one worker;
+// with the sequence interleaved by rank they pick four different ones, as one router routing the four in turn.
+TEST(KvCost, ReplicasRoutingAtOnceOnIdleWorkersPickDifferentOnes) {
+  auto p = make("kv_cost");
+  Scene s(4);
+  std::set<std::size_t> picked, herded;
+  for (std::size_t rank = 0; rank < 4; ++rank) {
+    s.ctx.sequence = 0;
+    herded.insert(p->pick(s.context())->worker);
+    s.ctx.sequence = replica_sequence(/*own=*/0, rank, /*replicas=*/4);
+    picked.insert(p->pick(s.ctx)->worker);
+  }
+  EXPECT_EQ(herded.size(), 1u);
+  EXPECT_EQ(picked.size(), 4u);
+  EXPECT_EQ(replica_sequence(7, 0, 1), 7u);  // alone: its own count
+  EXPECT_EQ(replica_sequence(7, 2, 4), 30u);
+  EXPECT_EQ(replica_sequence(7, 9, 4), 31u);  // a rank past the members last counted stays in its slot
+}
+
 // Behind a long prefill, the queue is credited the time the worker has spent on it since its last first token,
 // up to half the oldest pending prefill, and counts the pending requests' own estimates when they are larger
 // (their attention to cached context). Behind short prefills the plain estimate stands.

@@ -47,6 +47,8 @@ flags (--flag VALUE or --flag=VALUE):
                               default kvroute.v1, and T must start with kvroute.v1)
   --kv-events-load-interval S native: a LoadReport at least every S wall seconds, in a batch of its own
                               when no event batch carried one (default 1)
+  --kv-events-delay S         publish every KV-event batch S wall seconds late, in order (default 0), as a
+                              busy publisher or a slow network would
   --seed N                    seed of generated text and block hashes (default 0)
   --max-body-bytes N          largest accepted request body (default 8388608)
   --idle-timeout S            close a keep-alive connection idle for S wall seconds (default 60)
@@ -109,7 +111,8 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
         "--model-config", "--gpu",
         "--cpu-tier-gb", "--prefix-commit", "--speed", "--num-gpu-blocks", "--max-num-seqs", "--max-model-len",
         "--kv-events-port", "--kv-events-replay-port", "--kv-events-format", "--kv-events-encoding",
-        "--kv-events-topic", "--kv-events-load-interval", "--seed", "--max-body-bytes", "--idle-timeout", "--fault"};
+        "--kv-events-topic", "--kv-events-load-interval", "--kv-events-delay", "--seed", "--max-body-bytes",
+        "--idle-timeout", "--fault"};
     if (std::find(std::begin(kKnown), std::end(kKnown), flag) == std::end(kKnown)) {
       return make_error("unknown flag '" + std::string(flag) + "' (see --help)");
     }
@@ -196,6 +199,10 @@ Result<SimServerOptions> parse_sim_options(const std::vector<std::string_view>& 
       auto r = parse_double(flag, value, 0.001);
       if (!r) return r.error();
       o.kv_events_load_interval_s = *r;
+    } else if (flag == "--kv-events-delay") {
+      auto r = parse_double(flag, value, 0.0);
+      if (!r) return r.error();
+      o.kv_events_delay_s = *r;
     } else if (flag == "--seed") {
       auto r = parse_number<std::uint64_t>(flag, value, 0, UINT64_MAX);
       if (!r) return r.error();

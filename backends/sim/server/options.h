@@ -47,6 +47,7 @@ struct SimServerOptions {
   KvEventEncoding kv_events_encoding = KvEventEncoding::kPositional;  // kNative when the format is native
   std::string kv_events_topic;         // native: defaults to "kvroute.v1" and must start with it
   double kv_events_load_interval_s = 1.0;  // native: wall seconds between LoadReports of an idle worker
+  double kv_events_delay_s = 0;           // every KV-event batch is published this many wall seconds late
   std::uint64_t seed = 0;
   std::size_t max_body_bytes = 8u << 20;
   double idle_timeout_s = 60;          // keep-alive connection idle limit (wall seconds)

@@ -92,6 +92,7 @@ Result<std::unique_ptr<SimServer>> SimServer::build(const SimServerOptions& o) {
     wc.hang = o.hang;
     wc.kv_events_encoding = o.kv_events_encoding;
     wc.kv_events_load_interval_s = o.kv_events_load_interval_s;
+    wc.kv_events_delay_s = o.kv_events_delay_s;
     wc.zmq_context = s->zmq_.ctx;
     if (o.kv_events_port != 0) {
       const std::string host = zmq_bind_host(o.host);

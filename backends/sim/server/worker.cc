@@ -165,7 +165,8 @@ SimWorker::SimWorker(net::io_context& io, SimWorkerConfig config, Engine engine)
       acceptor_(io),
       accept_retry_(io),
       timer_(io),
-      load_timer_(io) {
+      load_timer_(io),
+      delay_timer_(io) {
   for (const auto& [name, path] : config_.lora_modules) {
     lora_names_.push_back(name);
     lora_paths_.push_back(path);
@@ -211,6 +212,7 @@ void SimWorker::stop() {
   accept_retry_.cancel();
   timer_.cancel();
   load_timer_.cancel();
+  delay_timer_.cancel();
   // In-flight requests hold their sessions and the sessions hold this worker: break the cycle.
   inflight_.clear();
 }
@@ -364,13 +366,39 @@ void SimWorker::send(KvEventBatch& batch, const events::WorkerTelemetry* load) {
   const double ts =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   // The native payload repeats the frame's sequence number (proto/kv_events.proto, EventBatch.seq).
-  publisher_->publish(batch.encode(ts, 0, load, publisher_->next_seq()));
+  std::string payload = batch.encode(ts, 0, load, publisher_->next_seq());
+  if (config_.kv_events_delay_s > 0) {
+    // Late, in order: as a publisher thread's queue or a slow network would deliver it.
+    const auto due = std::chrono::steady_clock::now() + wall_seconds(config_.kv_events_delay_s);
+    delayed_.emplace_back(due, std::move(payload));
+    if (delayed_.size() == 1) {
+      delay_timer_.expires_at(delayed_.front().first);
+      delay_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+        if (ec != net::error::operation_aborted && !self->stopped_) self->publish_delayed();
+      });
+    }
+  } else {
+    publisher_->publish(std::move(payload));
+  }
   ++kv_event_batches_;
   if (load != nullptr) {
     load_sent_ = *load;
     load_sent_at_ = std::chrono::steady_clock::now();
     load_dirty_ = false;
   }
+}
+
+void SimWorker::publish_delayed() {
+  const auto now = std::chrono::steady_clock::now();
+  while (!delayed_.empty() && delayed_.front().first <= now) {
+    publisher_->publish(std::move(delayed_.front().second));
+    delayed_.pop_front();
+  }
+  if (delayed_.empty()) return;
+  delay_timer_.expires_at(delayed_.front().first);
+  delay_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+    if (ec != net::error::operation_aborted && !self->stopped_) self->publish_delayed();
+  });
 }
 
 events::WorkerTelemetry SimWorker::load_report() const {

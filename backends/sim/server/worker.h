@@ -34,6 +34,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -79,6 +80,7 @@ struct SimWorkerConfig {
   KvEventPublisherConfig kv_events;
   KvEventEncoding kv_events_encoding = KvEventEncoding::kPositional;  // kNative adds LoadReports
   double kv_events_load_interval_s = 1.0;  // native: longest wall time between two LoadReports
+  double kv_events_delay_s = 0;            // every batch is published this many wall seconds late
   void* zmq_context = nullptr;
 };
 
@@ -147,6 +149,10 @@ class SimWorker : public std::enable_shared_from_this<SimWorker> {
   std::unique_ptr<KvEventPublisher> publisher_;
   // Native LoadReports (io thread only, like everything here).
   boost::asio::steady_timer load_timer_;
+  // --kv-events-delay: encoded batches waiting for their time, oldest first, and the timer of the oldest.
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::string>> delayed_;
+  boost::asio::steady_timer delay_timer_;
+  void publish_delayed();
   std::chrono::steady_clock::time_point load_armed_for_ = std::chrono::steady_clock::time_point::max();
   std::chrono::steady_clock::time_point load_sent_at_{};
   std::optional<events::WorkerTelemetry> load_sent_;  // the last report published
