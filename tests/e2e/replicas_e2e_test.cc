@@ -777,6 +777,12 @@ TEST(ReplicasE2E, APrefixHoldOnOneReplicaEndsWithAnotherReplicasFirstToken) {
     json::object b{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}, {"stream", stream}};
     return json::serialize(b);
   };
+  // The records replica 1 has applied from the others (GET /admin/status, shared_state.applied).
+  auto applied = [&] {
+    const auto r = http(fleet.admin(1), "GET", "/admin/status");
+    return r.status == 200 ? json::parse(r.body).at("shared_state").at("applied").to_number<double>() : -1.0;
+  };
+  const double applied_before = applied();
   const auto sent = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point first_piece{};
   HttpResponse first;
@@ -787,16 +793,9 @@ TEST(ReplicasE2E, APrefixHoldOnOneReplicaEndsWithAnotherReplicasFirstToken) {
                             first_piece = at;
                         });
   });
-  // Once replica 0 has sent the first (its record reaches replica 1 within milliseconds).
+  // Once replica 1 has applied the first one's routed record (within milliseconds of its routing).
   const auto routed_by = sent + 5s;
-  auto routed = [&] {
-    const auto workers = json::parse(http(fleet.admin(0), "GET", "/admin/workers").body);
-    for (const auto& w : workers.at("workers").as_array())
-      if (w.at("in_flight").to_number<int>() > 0) return true;
-    return false;
-  };
-  while (!routed() && std::chrono::steady_clock::now() < routed_by) std::this_thread::sleep_for(2ms);
-  std::this_thread::sleep_for(20ms);
+  while (applied() <= applied_before && std::chrono::steady_clock::now() < routed_by) std::this_thread::sleep_for(2ms);
   const double second_sent_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
   const HttpResponse second = http(fleet.api(1), "POST", "/v1/completions", body(2, false));
   leader.join();
