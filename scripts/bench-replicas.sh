@@ -119,14 +119,15 @@ for seed in $SEEDS; do
     done
   done
 done
-python3 - "$OUT_DIR/seeds" <<'EOF' | tee "$OUT_DIR/replicas-seeds.md"
+python3 - "$OUT_DIR/seeds" $SEEDS <<'EOF' | tee "$OUT_DIR/replicas-seeds.md"
 import json, os, statistics, sys
-d = sys.argv[1]
+d, seeds = sys.argv[1], {"s" + s for s in sys.argv[2:]}
 runs = {}
 for f in sorted(os.listdir(d)):
     if f.endswith(".json"):
         name, mode, rep, _, seed, _ = f.split(".")
-        runs[(name, mode, rep, seed)] = json.load(open(os.path.join(d, f)))["policies"][0]
+        if seed in seeds:
+            runs[(name, mode, rep, seed)] = json.load(open(os.path.join(d, f)))["policies"][0]
 print("| workload | mode | seeds | hit / 1 replica | mean TTFT / 1 | p99 TTFT / 1 |")
 print("|---|---|---|---|---|---|")
 for name, mode in sorted({(k[0], k[1]) for k in runs}):
