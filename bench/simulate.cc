@@ -519,11 +519,7 @@ class FleetSim {
     // The worker's decode context as the daemon learns from it (the view it priced: its own load plus what the
     // other replicas' published load and records add), not this replica's share alone.
     f.decode_context = l.active_decode;
-    if (sharing_) {
-      policy::LoadShare remote = rep.remote[w];
-      remote.drain(t - rep.remote_at[w]);
-      f.decode_context += remote.active_decode_tokens;
-    }
+    if (sharing_) f.decode_context += others_load(rep, w, t).active_decode_tokens;
   }
 
   void finish(WorkerId w, std::uint64_t id, double t, const sim::Usage& u) {
@@ -608,6 +604,13 @@ class FleetSim {
       }
       stream_.pop_front();
     }
+  }
+
+  // The other replicas' load on worker `w` as replica `rep` prices it at `t`: the sum it last read, drained since.
+  static policy::LoadShare others_load(const Replica& rep, std::size_t w, double t) {
+    policy::LoadShare remote = rep.remote[w];
+    remote.drain(t - rep.remote_at[w]);
+    return remote;
   }
 
   // Replica `k`'s load exchange at `now` (SharedState::exchange_load, every --shared-state-interval): it
@@ -727,11 +730,7 @@ class FleetSim {
       l.prefill_queue.fill(v, t);
       v.active_decode_tokens = l.active_decode;
       v.inflight_kv_tokens = l.inflight_kv;
-      if (sharing_) {
-        policy::LoadShare remote = rep.remote[i];
-        remote.drain(t - rep.remote_at[i]);
-        remote.add_to(v);
-      }
+      if (sharing_) others_load(rep, i, t).add_to(v);
       v.running = ws.running;
       v.waiting = ws.waiting;
       v.kv_usage = ws.kv_usage;

@@ -13,8 +13,8 @@
 # BUILD_DIR (default build-bench) is the CMake build directory; JOBS (default 1) cells run at once.
 # SEEDS (default empty), e.g. "1 2 3 4 5 6 7 8 9 10": the generators also run at 1 replica and at 8 sharing under
 # each of these seeds (into OUT_DIR/seeds), and a second table, OUT_DIR/replicas-seeds.md, gives the median and
-# range of the ratios over them (a p99 over 6,000 requests moves by several per cent from seed to seed; about 2
-# minutes of one core per seed).
+# range of the ratios over them (a p99 over 6,000 requests moves by several per cent from seed to seed; about 15
+# seconds of one core per seed).
 set -euo pipefail
 
 TRACE_DIR="${1:-}"
@@ -43,14 +43,15 @@ fi
 cells+=("shared_prefix|--workload shared_prefix|0.814" "multi_turn|--workload multi_turn|1.28"
         "tenants|--workload tenants|0.947" "zipf_tools|--workload zipf_tools|0.989")
 
-run_cell() {  # name source scale mode replicas sharing
-  local out="$OUT_DIR/$1.$4.r$5.$6.json"
+run_cell() {  # name source scale mode replicas sharing [seed: into OUT_DIR/seeds; default 1, into OUT_DIR]
+  local seed="${7:-1}" out="$OUT_DIR/$1.$4.r$5.$6.json"
+  [[ -n "${7:-}" ]] && out="$OUT_DIR/seeds/$1.$4.r$5.$6.s$7.json"
   [[ -s "$out" ]] && return 0
   # shellcheck disable=SC2086
   nice -n 10 "$BENCH" simulate $2 --policies kv_cost --mode "$4" --replicas "$5" --sharing "$6" \
-    --rate-scale "$3" --workers 8 --seed 1 --threads 1 --no-progress --json "$out.tmp" >/dev/null 2>"$out.log"
+    --rate-scale "$3" --workers 8 --seed "$seed" --threads 1 --no-progress --json "$out.tmp" >/dev/null 2>"$out.log"
   mv "$out.tmp" "$out"
-  echo "  $1 $4 x$5 $6" >&2
+  echo "  $1 $4 x$5 $6${7:+ seed $7}" >&2
 }
 
 pids=()
@@ -109,12 +110,7 @@ for seed in $SEEDS; do
     for mode in approximate precise; do
       for spec in "1 none" "8 redis"; do
         set -- $spec
-        out="$OUT_DIR/seeds/$name.$mode.r$1.$2.s$seed.json"
-        [[ -s "$out" ]] && continue
-        # shellcheck disable=SC2086
-        nice -n 10 "$BENCH" simulate $source --policies kv_cost --mode "$mode" --replicas "$1" --sharing "$2" \
-          --rate-scale "$scale" --workers 8 --seed "$seed" --threads 1 --no-progress --json "$out.tmp" >/dev/null 2>&1
-        mv "$out.tmp" "$out"
+        run_cell "$name" "$source" "$scale" "$mode" "$1" "$2" "$seed"
       done
     done
   done

@@ -498,9 +498,10 @@ TEST(ReplicasE2E, BurstsReachingEveryReplicaAtOnceAreSpreadAsOneRouterSpreadsThe
   EXPECT_GT(turns.stream_delay_s, 0);
   EXPECT_LT(turns.stream_delay_s, 0.025);
   // Measured on two busy cores: taking turns 2.00 with 125 requests waiting, without 2.03, one router 2.00
-  // (before the interleaved tie rotation: taking turns 2.00-2.37, without 2.47-2.85). A replica waits only for arrivals within a stream delay (a millisecond or two) of each other;
-  // under a sanitizer every process runs several times slower, a burst's two 25 KB bodies reach a replica
-  // further apart than that, and none waits (as measured under ASan and TSan): there the spread is not judged.
+  // (before the interleaved tie rotation: taking turns 2.00-2.37, without 2.47-2.85). A replica waits only for
+  // arrivals within a stream delay (a millisecond or two) of each other; under a sanitizer every process runs
+  // several times slower, a burst's two 25 KB bodies reach a replica further apart than that, and none waits (as
+  // measured under ASan and TSan): there the spread is not judged.
 #if KVROUTE_SANITIZED
   std::printf("sanitizer build: taking turns not judged (%.0f requests waited)\n", turns.staggered);
 #else

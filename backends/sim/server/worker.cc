@@ -371,12 +371,7 @@ void SimWorker::send(KvEventBatch& batch, const events::WorkerTelemetry* load) {
     // Late, in order: as a publisher thread's queue or a slow network would deliver it.
     const auto due = std::chrono::steady_clock::now() + wall_seconds(config_.kv_events_delay_s);
     delayed_.emplace_back(due, std::move(payload));
-    if (delayed_.size() == 1) {
-      delay_timer_.expires_at(delayed_.front().first);
-      delay_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-        if (ec != net::error::operation_aborted && !self->stopped_) self->publish_delayed();
-      });
-    }
+    if (delayed_.size() == 1) arm_delay_timer();
   } else {
     publisher_->publish(std::move(payload));
   }
@@ -394,7 +389,10 @@ void SimWorker::publish_delayed() {
     publisher_->publish(std::move(delayed_.front().second));
     delayed_.pop_front();
   }
-  if (delayed_.empty()) return;
+  if (!delayed_.empty()) arm_delay_timer();
+}
+
+void SimWorker::arm_delay_timer() {
   delay_timer_.expires_at(delayed_.front().first);
   delay_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
     if (ec != net::error::operation_aborted && !self->stopped_) self->publish_delayed();

@@ -152,7 +152,8 @@ class SimWorker : public std::enable_shared_from_this<SimWorker> {
   // --kv-events-delay: encoded batches waiting for their time, oldest first, and the timer of the oldest.
   std::deque<std::pair<std::chrono::steady_clock::time_point, std::string>> delayed_;
   boost::asio::steady_timer delay_timer_;
-  void publish_delayed();
+  void publish_delayed();  // publishes the batches due, then waits for the next
+  void arm_delay_timer();  // wakes publish_delayed() when the oldest waiting batch is due
   std::chrono::steady_clock::time_point load_armed_for_ = std::chrono::steady_clock::time_point::max();
   std::chrono::steady_clock::time_point load_sent_at_{};
   std::optional<events::WorkerTelemetry> load_sent_;  // the last report published
