@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include <boost/json.hpp>
 
 #include "hashing/block_chain.h"
@@ -326,7 +328,9 @@ void BM_RouterRouteShared(benchmark::State& state) {
   } else if (shared == 2) {
     config.shared_state = "redis://127.0.0.1:1";  // nothing listens there
   }
-  config.shared_state_prefix = "kvroute-bench";
+  // Each run its own keys: a run must not start by applying the previous runs' records as another replica's.
+  static int runs = 0;
+  config.shared_state_prefix = "kvroute-bench-" + std::to_string(::getpid()) + "-" + std::to_string(++runs);
   kvroute::backends::WorkerRegistry registry;
   kvroute::router::RouterMetrics metrics;
   kvroute::router::Router router(config, registry, policy_named("kv_cost"), metrics);

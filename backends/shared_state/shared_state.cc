@@ -59,11 +59,18 @@ void SharedState::enqueue(Command c) {
   bool was_empty = false;
   {
     std::lock_guard lock(mu_);
-    if (queue_.size() >= options_.queue_limit) {
+    const std::size_t blocks = c.routed ? c.routed->hashes.size() : 0;
+    while (!queue_.empty() && (queue_.size() >= options_.queue_limit ||
+                               queued_blocks_ + blocks > options_.queue_limit_blocks)) {
+      if (auto& front = queue_.front().routed) {
+        queued_blocks_ -= front->hashes.size();
+        give_back_chain(std::move(front->hashes));
+      }
       queue_.pop_front();
       dropped_.fetch_add(1, std::memory_order_relaxed);
     }
     was_empty = queue_.empty();
+    queued_blocks_ += blocks;
     queue_.push_back(std::move(c));
   }
   // One wakeup per batch: the thread takes the whole queue each time it wakes.
@@ -75,12 +82,30 @@ void SharedState::enqueue(Command c) {
 
 void SharedState::routed(std::string_view worker, std::uint64_t root, std::span<const hashing::BlockHash> hashes,
                          std::uint64_t session, const policy::LoadShare& load, std::uint32_t computes_from) {
-  // The request path only copies the hashes: the thread encodes the record (encode_routed) when it sends it.
+  // The request path only copies the hashes, into a chain the thread gave back: the thread encodes the record
+  // (encode_routed) when it sends it.
+  std::vector<hashing::BlockHash> chain;
+  {
+    std::lock_guard lock(mu_);
+    if (!spare_chains_.empty()) {
+      chain = std::move(spare_chains_.back());
+      spare_chains_.pop_back();
+    }
+  }
+  chain.assign(hashes.begin(), hashes.end());
   Command c;
-  c.routed.emplace(Routed{std::string(worker), root, {hashes.begin(), hashes.end()}, session, load,
+  c.routed.emplace(Routed{std::string(worker), root, std::move(chain), session, load,
                           routed_seq_.fetch_add(1, std::memory_order_relaxed) + 1, computes_from,
                           steady_seconds(std::chrono::steady_clock::now())});
   enqueue(std::move(c));
+}
+
+void SharedState::give_back_chain(std::vector<hashing::BlockHash>&& chain) {
+  // Bounded: at most 64 chains of at most 16,384 blocks (128 KB) each are kept: 8 MB.
+  constexpr std::size_t kSpareChains = 64, kLargestKept = 16'384;
+  if (spare_chains_.size() >= kSpareChains || chain.capacity() > kLargestKept || chain.capacity() == 0) return;
+  chain.clear();
+  spare_chains_.push_back(std::move(chain));
 }
 
 void SharedState::encode_routed(Command& c, std::vector<Command>& out) {
@@ -360,6 +385,7 @@ bool SharedState::flush() {
   {
     std::lock_guard lock(mu_);
     batch.swap(queue_);
+    queued_blocks_ = 0;
   }
   if (batch.empty()) return true;
   std::vector<Command> cmds;
@@ -367,6 +393,12 @@ bool SharedState::flush() {
   for (auto& c : batch) {
     if (c.routed) encode_routed(c, cmds);
     else cmds.push_back(std::move(c));
+  }
+  {
+    std::lock_guard lock(mu_);
+    for (auto& c : batch) {
+      if (c.routed) give_back_chain(std::move(c.routed->hashes));
+    }
   }
   for (const auto& c : cmds) conn_->append(c.args);
   for (std::size_t i = 0; i < cmds.size(); ++i) {

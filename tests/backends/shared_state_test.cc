@@ -1,7 +1,10 @@
-// Unit tests of the shared state's wire formats (backends/shared_state/wire.h); the Redis side is tested end to
-// end with a real redis-server (tests/e2e/replicas_e2e_test.cc).
+// Unit tests of the shared state's wire formats (backends/shared_state/wire.h) and of its queue while Redis is
+// away; the Redis side is tested end to end with a real redis-server (tests/e2e/replicas_e2e_test.cc).
 #include <gtest/gtest.h>
 
+#include <vector>
+
+#include "backends/shared_state/shared_state.h"
 #include "backends/shared_state/wire.h"
 
 namespace kvroute::shared_state {
@@ -137,6 +140,41 @@ TEST(SharedStateWire, StreamIdsCompareAsNumbers) {
   EXPECT_LT(wire::compare_ids("9-1", "10-0"), 0);
   EXPECT_GT(wire::compare_ids("10-2", "10-1"), 0);
   EXPECT_EQ(wire::compare_ids("5-5", "5-5"), 0);
+}
+
+// A replica whose Redis is unreachable queues what it routed, and drops the oldest once the queue holds
+// queue_limit_blocks block hashes: long prompts must not make the queue grow by gigabytes.
+class Ignore : public Handler {
+ public:
+  void apply_routed(const Routed&) override {}
+  void apply_session(std::uint64_t, const std::string&) override {}
+  void apply_response_owner(const std::string&, const std::string&) override {}
+  void apply_prefix_computed(const std::string&, hashing::BlockHash) override {}
+  void apply_admin(const AdminChange&) override {}
+  void apply_admin_state(const AdminState&) override {}
+  void apply_rates(const std::string&, const policy::WorkerRates&) override {}
+  void apply_remote_load(std::vector<WorkerLoad>) override {}
+  std::vector<WorkerLoad> local_load() override { return {}; }
+  std::vector<std::pair<std::string, policy::WorkerRates>> local_rates() override { return {}; }
+  void up_changed(bool, const std::string&) override {}
+};
+
+TEST(SharedStateQueue, WhileRedisIsAwayTheQueuedBlocksStayBounded) {
+  SharedState::Options o;
+  auto url = parse_redis_url("redis://127.0.0.1:1");  // nothing listens there
+  ASSERT_TRUE(url);
+  o.url = *url;
+  o.queue_limit_blocks = 10'000;
+  Ignore handler;
+  SharedState shared(o, handler);  // not started: nothing is sent, as while Redis is down
+  const std::vector<hashing::BlockHash> chain(4'096, 7);  // a 64K-token prompt at 16 tokens per block
+  for (int i = 0; i < 20; ++i) shared.routed("http://w0:8000", 1, chain, 0, policy::LoadShare{1, 65'536, 0, 1.0, 0}, 0);
+  const auto st = shared.status();
+  EXPECT_EQ(st.queued, 2u);  // 8,192 blocks; a third would pass 10,000
+  EXPECT_EQ(st.dropped, 18u);
+  // A short record still fits beside them.
+  shared.routed("http://w0:8000", 1, std::vector<hashing::BlockHash>(16, 9), 0, policy::LoadShare{1, 256, 0, 0.01, 0}, 0);
+  EXPECT_EQ(shared.status().queued, 3u);
 }
 
 }  // namespace
