@@ -73,8 +73,9 @@ void SharedState::enqueue(Command c) {
     queued_blocks_ += blocks;
     queue_.push_back(std::move(c));
   }
-  // One wakeup per batch: the thread takes the whole queue each time it wakes.
-  if (was_empty && wakeup_ >= 0) {
+  // One wakeup per batch, and only while the thread waits: it takes the whole queue each time it wakes, and
+  // before it waits it looks at the queue again (wait), so no record is left behind.
+  if (was_empty && wakeup_ >= 0 && waiting_.load()) {
     const std::uint64_t one = 1;
     if (::write(wakeup_, &one, sizeof one) < 0) {}  // a full counter already wakes the thread
   }
@@ -258,8 +259,17 @@ bool SharedState::wait(Clock::duration timeout) {
     reading_ = true;
   }
   pollfd fds[2] = {{reader_->c->fd, POLLIN, 0}, {wakeup_, POLLIN, 0}};
-  const int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) + 1;
-  if (::poll(fds, 2, std::min(ms, 100)) < 0) return errno == EINTR;
+  int ms = std::min(static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) + 1, 100);
+  // Announce the wait, then look at the queue: a record queued before this look is seen here (the wait does not
+  // block), one queued after it sees waiting_ and writes the wakeup.
+  waiting_.store(true);
+  {
+    std::lock_guard lock(mu_);
+    if (!queue_.empty()) ms = 0;
+  }
+  const int polled = ::poll(fds, 2, ms);
+  waiting_.store(false);
+  if (polled < 0) return errno == EINTR;
   if (fds[1].revents & POLLIN) {
     std::uint64_t n = 0;
     if (::read(wakeup_, &n, sizeof n) < 0) {}  // only clears the counter

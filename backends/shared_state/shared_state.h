@@ -278,7 +278,10 @@ class SharedState {
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 
-  const int wakeup_;  // eventfd: the queue went from empty to not empty
+  const int wakeup_;  // eventfd: the queue went from empty to not empty while the thread waited
+  // The thread is in (or about to enter) its wait with an empty queue: only then does a new record write the
+  // eventfd. While the thread is sending, it finds what came meanwhile without one (a write costs about 1 us).
+  std::atomic<bool> waiting_{false};
 
   // Owned by the thread: one connection for commands, one for the reader's XREAD BLOCK.
   std::unique_ptr<Conn> conn_, reader_;
