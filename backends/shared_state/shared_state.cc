@@ -109,15 +109,23 @@ void SharedState::give_back_chain(std::vector<hashing::BlockHash>&& chain) {
   spare_chains_.push_back(std::move(chain));
 }
 
+std::vector<std::string> SharedState::stream_record(std::string_view kind,
+                                                    std::initializer_list<std::string> fields) const {
+  std::vector<std::string> args{"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen),
+                                "*",    "r",           replica_, "k", std::string(kind)};
+  args.insert(args.end(), fields);
+  return args;
+}
+
 void SharedState::encode_routed(Command& c, std::vector<Command>& out) {
   const Routed& r = *c.routed;
   // Bounded: records that never come back (trimmed, Redis restarted) are forgotten oldest first.
   if (in_transit_.size() >= 10'000) in_transit_.pop_front();
   in_transit_.emplace_back(r.seq, r.at_s);
   Command x;
-  x.args = {"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen), "*", "r", replica_,
-            "k",    "R",           "w",      r.worker, "n", wire::hex64(r.root), "h", wire::pack_hashes(r.hashes),
-            "q",    std::to_string(r.seq), "l", wire::pack_share(r.load)};
+  x.args = stream_record("R", {"w", r.worker, "n", wire::hex64(r.root), "h"});
+  x.args.push_back(wire::pack_hashes(r.hashes));  // moved in: a braced list would copy its 8 bytes per block
+  x.args.insert(x.args.end(), {"q", std::to_string(r.seq), "l", wire::pack_share(r.load)});
   if (r.computes_from > 0) x.args.insert(x.args.end(), {"c", std::to_string(r.computes_from)});
   if (r.session == 0) {
     out.push_back(std::move(x));
@@ -133,8 +141,7 @@ void SharedState::encode_routed(Command& c, std::vector<Command>& out) {
 
 void SharedState::response_owner(std::string_view id, std::string_view worker) {
   Command c;
-  c.args = {"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen), "*", "r", replica_,
-            "k",    "O",           "i",      std::string(id), "w", std::string(worker)};
+  c.args = stream_record("O", {"i", std::string(id), "w", std::string(worker)});
   Command s;
   s.args = {"SET", key("response:" + std::string(id)), std::string(worker), "PX",
             std::to_string(static_cast<long long>(options_.response_ttl_s * 1000))};
@@ -144,16 +151,14 @@ void SharedState::response_owner(std::string_view id, std::string_view worker) {
 
 void SharedState::prefix_computed(std::string_view worker, hashing::BlockHash last) {
   Command c;
-  c.args = {"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen), "*", "r", replica_,
-            "k",    "F",           "w",      std::string(worker), "b", wire::hex64(last)};
+  c.args = stream_record("F", {"w", std::string(worker), "b", wire::hex64(last)});
   enqueue(std::move(c));
 }
 
 void SharedState::admin(const AdminChange& change) {
   static constexpr const char* kOps[] = {"cordon", "uncordon", "add", "remove"};
   Command c;
-  c.args = {"XADD", key("stream"), "MAXLEN", "~", std::to_string(options_.stream_maxlen), "*", "r", replica_, "k", "A",
-            "op",   kOps[static_cast<int>(change.kind)], "w", change.worker, "a", change.attrs};
+  c.args = stream_record("A", {"op", kOps[static_cast<int>(change.kind)], "w", change.worker, "a", change.attrs});
   enqueue(std::move(c));
   // The state a restarted replica reads back.
   auto state = [&](std::vector<std::string> args) {

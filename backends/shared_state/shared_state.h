@@ -43,6 +43,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -248,6 +249,8 @@ class SharedState {
   void set_error(std::string e);
   std::string last_error_copy() const;
   std::string key(std::string_view name) const { return options_.prefix + ":" + std::string(name); }
+  // An XADD of one record of `kind` to the stream (trimmed to about stream_maxlen), from this replica.
+  std::vector<std::string> stream_record(std::string_view kind, std::initializer_list<std::string> fields) const;
 
   const Options options_;
   Handler& handler_;
