@@ -745,6 +745,12 @@ class FleetSim {
       auto it = rep.sessions.find(r.session);
       if (it != rep.sessions.end() && t - it->second.second <= o_.session_ttl_s) preferred = it->second.first;
     }
+    // The live sessions bound to each worker, which kv_cost spreads new sessions over (the daemon counts its
+    // bindings as they change; here they are counted when a session opens).
+    if (r.session != 0 && !preferred) {
+      for (const auto& [key, b] : rep.sessions)
+        if (t - b.second <= o_.session_ttl_s) ++views_[b.first].sessions;
+    }
     // 3. Match + pick, timed as the router's own decision cost.
     const auto t0 = std::chrono::steady_clock::now();
     policy::RoutingContext ctx;

@@ -263,14 +263,19 @@ class KvCost final : public RoutingPolicy {
       if (!w.healthy) continue;
       const Terms t = terms(ctx, i, static_cast<double>(most_matched), step_per_token);
       const double c = t.cost(o_, idle_queue_s);
-      // A request opening a session goes to a worker with the fewest requests in flight, the cheapest of those.
-      // Its pick binds the session's later turns, whose load is unknown now but alike in expectation for every
-      // session; the cost of this first turn hardly differs between workers, and picking by it stacked agent
-      // sessions whose contexts later grew to 50-128K tokens on a few workers until their KV pools overflowed
-      // (docs/benchmarks.md, "Where a session opens"). The count is the router's own, immediate.
-      if (ctx.opens_session && best && w.in_flight != ctx.workers[*best].in_flight) {
-        if (w.in_flight > ctx.workers[*best].in_flight) continue;
-        best.reset();
+      // A request opening a session goes to a worker with the fewest live sessions bound, then the fewest requests
+      // in flight, then the cheapest. Its pick binds the session's later turns, whose load is unknown now but
+      // alike in expectation for every session, so the sessions themselves are what to spread evenly; the cost of
+      // this first turn hardly differs between workers, and picking by it stacked agent sessions whose contexts
+      // later grew to 50-128K tokens on a few workers until their KV pools overflowed. Requests in flight alone
+      // miss the sessions between two turns (an agent waiting for a tool has none in flight), so they stay the
+      // tie-break (docs/benchmarks.md, "Where a session opens").
+      if (ctx.opens_session && best) {
+        const WorkerView& b = ctx.workers[*best];
+        if (w.sessions != b.sessions || w.in_flight != b.in_flight) {
+          if (w.sessions > b.sessions || (w.sessions == b.sessions && w.in_flight > b.in_flight)) continue;
+          best.reset();
+        }
       }
       if (!best || c < best_cost || (c == best_cost && w.in_flight < ctx.workers[*best].in_flight)) {
         best = i;

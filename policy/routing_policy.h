@@ -39,6 +39,8 @@ struct WorkerView {
   // KV tokens the requests in flight will have allocated when they finish: per request its uncached prompt
   // tokens plus its output (max_tokens); the cached prefix blocks they share are resident and not counted.
   std::uint64_t inflight_kv_tokens = 0;
+  // Live session bindings on the worker (those not expired), filled in for a request that opens a session.
+  std::uint32_t sessions = 0;
   // The same pending requests in estimated seconds, each priced when it was sent with prefill_seconds() of its
   // uncached tokens after its cached ones (policy/rate_learner.h): their sum, the oldest one's, and the time
   // since the worker last returned a first token (or since the first of them was sent, if later).

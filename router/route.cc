@@ -148,7 +148,7 @@ Result<bool> Router::candidates(const RoutableRequest& request, const backends::
   return true;
 }
 
-void Router::context(const RoutableRequest& request, const std::vector<policy::WorkerView>& views,
+void Router::context(const RoutableRequest& request, std::vector<policy::WorkerView>& views,
                      hashing::PrefixIndex::Match& match, policy::RoutingContext& ctx, Session& session) {
   ctx.chain = &request.chain;
   ctx.tokens_per_block = request.chain.tokens_per_block();
@@ -170,7 +170,7 @@ void Router::context(const RoutableRequest& request, const std::vector<policy::W
   if (request.session_key.empty()) return;
   session.hash = session_hash(request.session_key);
   session.id = shared_state::wire::hex64(session.hash);
-  // An unbound session is new (kv_cost opens it on a worker with the fewest requests in flight), unless Redis is
+  // An unbound session is new (kv_cost opens it on a worker with the fewest sessions bound), unless Redis is
   // down: another replica may have bound it then, and the cached context decides as for any request.
   ctx.opens_session = true;
   if (auto bound = bound_worker(session.id)) {
@@ -182,6 +182,7 @@ void Router::context(const RoutableRequest& request, const std::vector<policy::W
     shared->lookup_session(session.hash);  // another replica may have bound it: known for the next turn
     ctx.opens_session = shared->up();
   }
+  if (ctx.opens_session) count_sessions(views);  // ctx.workers views them
 }
 
 void Router::commit(Decision& d, const RoutableRequest& request, const policy::RoutingContext& ctx,

@@ -41,6 +41,7 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
         {
           std::lock_guard lock(sessions_mu_);
           sessions_.erase_if([&](const Binding& b) { return b.worker == w.id(); });
+          session_counts_.erase(w.id());
         }
         std::lock_guard lock(responses_mu_);
         response_owners_.erase_if([&](hashing::WorkerId owner) { return owner == w.id(); });
@@ -393,16 +394,44 @@ void Router::release(const HeldBackground& h) {
 
 void Router::bind_session(const std::string& hashed_key, hashing::WorkerId worker) {
   const auto now = std::chrono::steady_clock::now();
-  const auto ttl = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(config_.session_ttl_s));
   std::size_t evicted = 0;
   {
     std::lock_guard lock(sessions_mu_);
-    evicted = sessions_.put(hashed_key, Binding{worker, now});
-    // Bindings are ordered by last use, so the expired ones are all at the old end.
-    sessions_.drop_oldest_while([&](const Binding& b) { return now - b.last_used > ttl; });
+    auto uncount = [&](Binding&& b) { --session_counts_[b.worker]; };
+    if (const Binding* was = sessions_.find(hashed_key)) {
+      if (was->worker != worker) {
+        --session_counts_[was->worker];
+        ++session_counts_[worker];
+      }
+    } else {
+      // At --max-sessions, the least recently used binding makes room (counted here, so put() evicts none).
+      if (sessions_.size() >= sessions_.capacity()) {
+        bool first = true;
+        evicted = sessions_.drop_oldest_while([&](const Binding&) { return std::exchange(first, false); }, uncount);
+      }
+      ++session_counts_[worker];
+    }
+    evicted += sessions_.put(hashed_key, Binding{worker, now});
+    expire_sessions(now);
   }
   if (evicted > 0) metrics_.sessions_evicted(evicted);
+}
+
+void Router::expire_sessions(std::chrono::steady_clock::time_point now) {
+  const auto ttl = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(config_.session_ttl_s));
+  // Bindings are ordered by last use, so the expired ones are all at the old end.
+  sessions_.drop_oldest_while([&](const Binding& b) { return now - b.last_used > ttl; },
+                              [&](Binding&& b) { --session_counts_[b.worker]; });
+}
+
+void Router::count_sessions(std::vector<policy::WorkerView>& views) {
+  std::lock_guard lock(sessions_mu_);
+  expire_sessions(std::chrono::steady_clock::now());
+  for (auto& v : views) {
+    const auto it = session_counts_.find(v.id);
+    v.sessions = it == session_counts_.end() ? 0 : it->second;
+  }
 }
 
 std::optional<hashing::WorkerId> Router::session_worker(const std::string& key) const {
@@ -417,6 +446,13 @@ std::optional<hashing::WorkerId> Router::bound_worker(const std::string& hashed_
   const Binding* b = sessions_.find(hashed_key);
   if (!b || now - b->last_used > ttl) return std::nullopt;
   return b->worker;
+}
+
+std::uint32_t Router::sessions_bound(hashing::WorkerId id) {
+  std::lock_guard lock(sessions_mu_);
+  expire_sessions(std::chrono::steady_clock::now());
+  const auto it = session_counts_.find(id);
+  return it == session_counts_.end() ? 0 : it->second;
 }
 
 std::size_t Router::session_count() const {

@@ -18,6 +18,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 
 #include "backends/shared_state/shared_state.h"
 #include "backends/worker_registry.h"
@@ -130,6 +131,8 @@ class Router {
   policy::WorkerRates learned_rates(hashing::WorkerId id) const { return learner_.rates(id); }
   const policy::RoutingPolicy& policy() const { return *policy_; }
   std::size_t session_count() const;
+  // The live session bindings on worker `id` (admin; kv_cost reads them as WorkerView::sessions).
+  std::uint32_t sessions_bound(hashing::WorkerId id);
   // Responses API: the worker that made (and stores) response `id`. A request that names it as its
   // previous_response_id goes to that worker while it is healthy: no other worker can continue it. The
   // --response-ids most recently seen ids are kept.
@@ -201,7 +204,7 @@ class Router {
   Result<bool> candidates(const RoutableRequest& request, const backends::WorkerList& workers,
                           std::span<const hashing::WorkerId> exclude, std::vector<policy::WorkerView>& views,
                           std::vector<std::uint64_t>& capacity, std::optional<std::size_t>& owner_at);
-  void context(const RoutableRequest& request, const std::vector<policy::WorkerView>& views,
+  void context(const RoutableRequest& request, std::vector<policy::WorkerView>& views,
                hashing::PrefixIndex::Match& match, policy::RoutingContext& ctx, Session& session);
   void commit(Decision& d, const RoutableRequest& request, const policy::RoutingContext& ctx, const Session& session);
   void match_prefix(const RoutableRequest& request, hashing::PrefixIndex::Match& out) const;
@@ -216,6 +219,11 @@ class Router {
   static std::uint64_t servable_tokens(const RoutableRequest& request, std::uint64_t blocks);
   void bind_session(const std::string& hashed_key, hashing::WorkerId worker);
   std::optional<hashing::WorkerId> bound_worker(const std::string& hashed_key) const;
+  // WorkerView::sessions, for a request opening a session: the live bindings of each worker (expired ones are
+  // dropped first).
+  void count_sessions(std::vector<policy::WorkerView>& views);
+  // Drops the bindings idle past the TTL (all at the old end), and their counts; sessions_mu_ held.
+  void expire_sessions(std::chrono::steady_clock::time_point now);
   void add_remote_load(std::vector<policy::WorkerView>& views) const;
   static constexpr std::size_t kMaxHeldBackground = 100'000;
   struct HeldBackground {
@@ -250,6 +258,7 @@ class Router {
   // Keyed by session_hash() in hex.
   mutable std::mutex sessions_mu_;
   util::RecencyMap<Binding> sessions_;  // guarded by sessions_mu_
+  std::unordered_map<hashing::WorkerId, std::uint32_t> session_counts_;  // bindings per worker; sessions_mu_
 
   // Held in the order they were held, which is also deadline order; the cap is kept by expire_background(),
   // which releases what it drops (the map's own capacity would drop entries without releasing them).

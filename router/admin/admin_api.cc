@@ -47,6 +47,7 @@ json::object worker_json(Services& svc, const backends::Worker& w) {
   o["ejections"] = w.ejections();
   o["consecutive_failures"] = w.consecutive_failures();
   o["in_flight"] = w.in_flight();
+  o["sessions"] = svc.router.sessions_bound(w.id());
   json::array models;
   for (const auto& m : w.models()) models.emplace_back(m);
   o["models"] = std::move(models);

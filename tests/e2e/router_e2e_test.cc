@@ -921,6 +921,30 @@ TEST(RouterE2E, KvCostOpensASessionOnTheLeastBusyWorker) {
   EXPECT_EQ(long_worker, holder);
 }
 
+// Sessions that start with the same context, opened one after another on an idle fleet: each first turn is
+// cheapest on the context's holder, but the sessions spread evenly, and /admin/workers counts them.
+TEST(RouterE2E, KvCostSpreadsNewSessionsEvenly) {
+  Fleet fleet(3, {"--policy", "kv_cost"});
+  std::string context;
+  for (int i = 0; i < 300; ++i) context += "shared instructions line " + std::to_string(i) + ". ";
+  auto send = [&](const std::string& suffix, const std::string& session = "") {
+    json::object body{{"model", "qwen3-8b"}, {"prompt", context + suffix}, {"max_tokens", 2}};
+    std::map<std::string, std::string> headers;
+    if (!session.empty()) headers["x-session-id"] = session;
+    auto r = http(fleet.api(), "POST", "/v1/completions", json::serialize(body), headers);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.header("x-kvroute-worker");
+  };
+  const std::string holder = send(" warm up");
+  EXPECT_EQ(send(" a question"), holder);  // without a session, the cached context wins
+  std::map<std::string, int> opened;
+  for (int s = 0; s < 6; ++s) ++opened[send(" task " + std::to_string(s), "agent-" + std::to_string(s))];
+  EXPECT_EQ(opened.size(), 3u);
+  for (const auto& [worker, n] : opened) EXPECT_EQ(n, 2) << worker;
+  const json::value listed = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
+  for (const auto& w : listed.at("workers").as_array()) EXPECT_EQ(w.at("sessions").to_number<std::int64_t>(), 2);
+}
+
 // --max-sessions bounds the bindings: the least recently used one is forgotten, counted, and its next request
 // is routed afresh, while the bindings in use stay.
 TEST(RouterE2E, SessionBindingsAreBounded) {

@@ -257,21 +257,26 @@ TEST(KvCost, LeavesAPrefixHolderWhenItWouldSlowTheRequestsRunningThereMore) {
   EXPECT_EQ(p->pick(s.context())->worker, 1u);
 }
 
-// A request opening a session binds its later turns: it goes to a worker with the fewest requests in flight even
-// where another worker would serve this turn a little sooner, and among those to the cheapest.
-TEST(KvCost, OpensASessionOnAWorkerWithTheFewestRequestsInFlight) {
+// A request opening a session binds its later turns: it goes to a worker with the fewest live sessions bound even
+// where another worker would serve this turn a little sooner; among those to the fewest requests in flight (a
+// session between two turns has none), and then to the cheapest.
+TEST(KvCost, OpensASessionOnAWorkerWithTheFewestSessions) {
   auto p = make("kv_cost");
-  Scene s(3);
+  Scene s(4);
   for (auto& w : s.workers) w.prefill_tokens_per_s = 1000;
-  s.match.blocks = {5, 0, 2};  // worker 0 holds half the prompt, worker 2 a fifth
+  s.match.blocks = {5, 0, 2, 0};  // worker 0 holds half the prompt, worker 2 a fifth
   s.workers[0].in_flight = 3;
   s.workers[1].in_flight = 1;
   s.workers[2].in_flight = 1;
+  s.workers[3].sessions = 1;  // idle, but a session waits there for its next turn
   EXPECT_EQ(p->pick(s.context())->worker, 0u);  // one more request: the cached prefix wins
   s.ctx.opens_session = true;
   auto pick = p->pick(s.ctx);
-  EXPECT_EQ(pick->worker, 2u);  // a session: the least busy, and of those the one holding more of the prompt
+  EXPECT_EQ(pick->worker, 2u);  // no session bound, the least busy, and of those the one holding more of the prompt
   EXPECT_EQ(pick->predicted_cached_tokens, 200u);
+  // With a session on every worker but the busiest, the busiest takes the next one.
+  s.workers[1].sessions = s.workers[2].sessions = 1;
+  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
   // Its next turn is bound to the worker it opened on (session affinity), not opened again.
   s.ctx.opens_session = false;
   s.ctx.preferred = 2;

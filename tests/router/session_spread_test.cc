@@ -1,0 +1,86 @@
+// kv_cost opens each new session on a worker with the fewest live sessions bound (Router::count_sessions): the
+// bindings are counted per worker as they are made, moved, evicted for --max-sessions and expired.
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "router/router.h"
+
+namespace kvroute::router {
+namespace {
+
+class SessionSpreadTest : public testing::Test {
+ protected:
+  void start(std::size_t workers) {
+    config_.policy = "kv_cost";
+    router_ = std::make_unique<Router>(config_, registry_, std::move(*policy::make_policy("kv_cost", {})), metrics_);
+    for (std::size_t i = 0; i < workers; ++i) {
+      auto ep = backends::parse_worker_url("http://10.0.0." + std::to_string(i + 1) + ":8000");
+      ASSERT_TRUE(ep && registry_.add(*ep));
+    }
+  }
+  // One turn: a prompt of a 256-token prefix every request shares, then a few tokens of its own; routed and
+  // completed at once, so no worker has a request in flight when the next one is routed.
+  hashing::WorkerId turn(std::string_view session, int n) {
+    std::string body = R"({"model":"m","max_tokens":4,"prompt":[)";
+    for (int t = 0; t < 256; ++t) body += std::to_string(1000 + t) + ",";
+    for (int t = 0; t < 16; ++t) body += std::to_string(100000 + 100 * n + t) + (t + 1 < 16 ? "," : "");
+    body += "]}";
+    auto parsed = parse_request(Endpoint::kCompletions, body, RequestHeaders{session, {}, {}}, ParseOptions{});
+    EXPECT_TRUE(parsed) << parsed.error().message;
+    auto d = router_->route(*parsed);
+    EXPECT_TRUE(d) << d.error().message;
+    router_->complete(*d, Outcome{true, std::nullopt});
+    return d->worker->id();
+  }
+  std::map<hashing::WorkerId, std::uint32_t> bound() {
+    std::map<hashing::WorkerId, std::uint32_t> out;
+    for (hashing::WorkerId w = 0; w < 3; ++w) out[w] = router_->sessions_bound(w);
+    return out;
+  }
+
+  Config config_;
+  backends::WorkerRegistry registry_;
+  RouterMetrics metrics_;
+  std::unique_ptr<Router> router_;
+};
+
+// A worker holding the prefix every session starts with is the cheapest for each first turn, and idle between
+// them; the sessions still spread evenly, since their later turns will stay where they open.
+TEST_F(SessionSpreadTest, NewSessionsSpreadEvenlyThoughOneWorkerHoldsTheirPrefix) {
+  start(3);
+  const hashing::WorkerId holder = turn("", 0);
+  EXPECT_EQ(turn("", 1), holder);  // without a session, the cached prefix wins
+  std::map<hashing::WorkerId, int> opened;
+  for (int s = 0; s < 6; ++s) ++opened[turn("chat-" + std::to_string(s), 10 + s)];
+  EXPECT_EQ(opened, (std::map<hashing::WorkerId, int>{{0, 2}, {1, 2}, {2, 2}}));
+  EXPECT_EQ(bound(), (std::map<hashing::WorkerId, std::uint32_t>{{0, 2}, {1, 2}, {2, 2}}));
+  // Later turns stay, and count once.
+  const hashing::WorkerId first = router_->session_worker("chat-0").value();
+  EXPECT_EQ(turn("chat-0", 20), first);
+  EXPECT_EQ(router_->sessions_bound(first), 2u);
+}
+
+TEST_F(SessionSpreadTest, EvictedAndExpiredBindingsNoLongerCount) {
+  config_.max_sessions = 3;
+  config_.session_ttl_s = 0.3;
+  start(3);
+  for (int s = 0; s < 3; ++s) turn("a-" + std::to_string(s), s);
+  EXPECT_EQ(bound(), (std::map<hashing::WorkerId, std::uint32_t>{{0, 1}, {1, 1}, {2, 1}}));
+  // A fourth binding evicts the least recently used one: three bindings still, wherever they are.
+  turn("a-3", 3);
+  EXPECT_FALSE(router_->session_worker("a-0"));
+  std::uint32_t total = 0;
+  for (auto [w, n] : bound()) total += n;
+  EXPECT_EQ(total, 3u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_EQ(bound(), (std::map<hashing::WorkerId, std::uint32_t>{{0, 0}, {1, 0}, {2, 0}}));
+  EXPECT_EQ(router_->session_count(), 0u);
+}
+
+}  // namespace
+}  // namespace kvroute::router
