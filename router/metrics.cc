@@ -132,6 +132,7 @@ RouterMetrics::RouterMetrics()
       itl_(prometheus::BuildHistogram().Name("kvroute_itl_seconds").Help("Inter-token latency of streamed responses, per worker: the time between two tokens").Register(*registry_)),
       running_(gauges(*registry_, "kvroute_worker_running", "Requests the worker last reported running (vllm:num_requests_running); NaN while unknown")),
       waiting_(gauges(*registry_, "kvroute_worker_waiting", "Requests the worker last reported waiting (vllm:num_requests_waiting); NaN while unknown")),
+      worker_sessions_(gauges(*registry_, "kvroute_worker_sessions", "Live session bindings per worker (kv_cost opens a new session where the fewest are bound)")),
       prefill_saved_(counters(*registry_, "kvroute_prefill_seconds_saved_total", "GPU prefill seconds the worker's reported cached tokens saved, at its learned prefill rate")),
       worker_errors_(counters(*registry_, "kvroute_worker_errors_total", "Requests a worker failed, by class: 4xx or 5xx (its HTTP status), connect (not connected to), broken (reset or timed out mid-exchange)")),
       kv_messages_(counters(*registry_, "kvroute_kv_events_messages_total", "Well-formed KV event messages received from the worker (live and replayed)")),
@@ -244,7 +245,7 @@ void RouterMetrics::add_worker(hashing::WorkerId id, const std::string& name) {
   auto s = std::make_shared<WorkerSeries>(WorkerSeries{
       &requests_.Add(l), &prompt_tokens_.Add(l), &predicted_.Add(l), &reported_.Add(l), &confirmed_.Add(l), &completion_.Add(l),
       &in_flight_.Add(l), &healthy_.Add(l), &cordoned_.Add(l), &kv_usage_.Add(l), &precise_.Add(l), &ttft_.Add(l, kLatencyBuckets),
-      &itl_.Add(l, kItlBuckets), &running_.Add(l), &waiting_.Add(l), &prefill_saved_.Add(l), cls("4xx"), cls("5xx"),
+      &itl_.Add(l, kItlBuckets), &running_.Add(l), &waiting_.Add(l), &worker_sessions_.Add(l), &prefill_saved_.Add(l), cls("4xx"), cls("5xx"),
       cls("connect"), cls("broken"), &kv_messages_.Add(l), &kv_gaps_.Add(l), &kv_replays_.Add(l), &kv_malformed_.Add(l),
       &kv_restarts_.Add(l), &kv_since_last_.Add(l), &kv_lag_.Add(l), 0, KvEventCounts{}});
   s->healthy->Set(1);
@@ -282,6 +283,7 @@ void RouterMetrics::remove_worker(hashing::WorkerId id) {
   itl_.Remove(s->itl);
   running_.Remove(s->running);
   waiting_.Remove(s->waiting);
+  worker_sessions_.Remove(s->sessions);
   prefill_saved_.Remove(s->prefill_saved_s);
   for (auto* c : {s->errors_4xx, s->errors_5xx, s->errors_connect, s->errors_broken}) worker_errors_.Remove(c);
   kv_messages_.Remove(s->kv_messages);

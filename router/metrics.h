@@ -74,6 +74,7 @@ class RouterMetrics {
     prometheus::Histogram* itl;
     prometheus::Gauge* running;
     prometheus::Gauge* waiting;
+    prometheus::Gauge* sessions;
     prometheus::Counter* prefill_saved_s;
     prometheus::Counter* errors_4xx;
     prometheus::Counter* errors_5xx;
@@ -233,6 +234,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Histogram>& itl_;
   prometheus::Family<prometheus::Gauge>& running_;
   prometheus::Family<prometheus::Gauge>& waiting_;
+  prometheus::Family<prometheus::Gauge>& worker_sessions_;
   prometheus::Family<prometheus::Counter>& prefill_saved_;
   prometheus::Family<prometheus::Counter>& worker_errors_;
   prometheus::Family<prometheus::Counter>& kv_messages_;

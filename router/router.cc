@@ -455,6 +455,22 @@ std::uint32_t Router::sessions_bound(hashing::WorkerId id) {
   return it == session_counts_.end() ? 0 : it->second;
 }
 
+void Router::publish_sessions() {
+  std::unordered_map<hashing::WorkerId, std::uint32_t> counts;
+  std::size_t total = 0;
+  {
+    std::lock_guard lock(sessions_mu_);
+    expire_sessions(std::chrono::steady_clock::now());
+    counts = session_counts_;
+    total = sessions_.size();
+  }
+  metrics_.set_sessions(total);
+  for (const auto& w : *registry_.snapshot()) {
+    const auto it = counts.find(w->id());
+    if (auto s = metrics_.worker(w->id())) s->sessions->Set(it == counts.end() ? 0 : it->second);
+  }
+}
+
 std::size_t Router::session_count() const {
   std::lock_guard lock(sessions_mu_);
   return sessions_.size();

@@ -133,6 +133,8 @@ class Router {
   std::size_t session_count() const;
   // The live session bindings on worker `id` (admin; kv_cost reads them as WorkerView::sessions).
   std::uint32_t sessions_bound(hashing::WorkerId id);
+  // Sets kvroute_sessions and each worker's kvroute_worker_sessions, expired bindings dropped first (a scrape).
+  void publish_sessions();
   // Responses API: the worker that made (and stores) response `id`. A request that names it as its
   // previous_response_id goes to that worker while it is healthy: no other worker can continue it. The
   // --response-ids most recently seen ids are kept.

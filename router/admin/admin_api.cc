@@ -23,6 +23,7 @@ Response metrics_page(Services& svc) {
   res->set(http::field::content_type, "text/plain; version=0.0.4");
   if (svc.bodies) svc.metrics.set_held_body_bytes(svc.bodies->held.load(std::memory_order_relaxed));
   svc.router.background_held();  // lets go of those past --request-timeout, and sets the gauge
+  svc.router.publish_sessions();  // idle bindings expire at their TTL, between requests too
   res->body() = svc.metrics.serialize();
   return res;
 }

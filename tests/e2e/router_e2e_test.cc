@@ -942,7 +942,13 @@ TEST(RouterE2E, KvCostSpreadsNewSessionsEvenly) {
   EXPECT_EQ(opened.size(), 3u);
   for (const auto& [worker, n] : opened) EXPECT_EQ(n, 2) << worker;
   const json::value listed = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
-  for (const auto& w : listed.at("workers").as_array()) EXPECT_EQ(w.at("sessions").to_number<std::int64_t>(), 2);
+  const std::string metrics = http(fleet.admin(), "GET", "/metrics").body;
+  for (const auto& w : listed.at("workers").as_array()) {
+    EXPECT_EQ(w.at("sessions").to_number<std::int64_t>(), 2);
+    const std::string name(w.at("name").as_string());
+    EXPECT_EQ(metric_sum(metrics, "kvroute_worker_sessions{worker=\"" + name + "\"}"), 2) << name;
+  }
+  EXPECT_EQ(metric_sum(metrics, "kvroute_sessions"), 6);
 }
 
 // --max-sessions bounds the bindings: the least recently used one is forgotten, counted, and its next request
