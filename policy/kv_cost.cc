@@ -255,6 +255,20 @@ class KvCost final : public RoutingPolicy {
       idle_queue_s = std::min(idle_queue_s, queue_s);
     }
     if (healthy > 0) step_per_token /= static_cast<double>(healthy);
+    // A session opens on a worker holding the longest prefix of its prompt any worker holds while the least bound
+    // of those holders has no more sessions than the fleet's mean: the sessions stay balanced, and a long shared
+    // prefix (a document, a tool set) is not computed again for the balance's sake. Otherwise it opens anywhere.
+    bool holders_only = false;
+    if (ctx.opens_session && most_matched > 0 && healthy > 0) {
+      double mean_sessions = 0;
+      std::uint32_t least_held = std::numeric_limits<std::uint32_t>::max();
+      for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
+        if (!ctx.workers[i].healthy) continue;
+        mean_sessions += ctx.workers[i].sessions;
+        if (ctx.matched_tokens(i) == most_matched) least_held = std::min(least_held, ctx.workers[i].sessions);
+      }
+      holders_only = least_held <= mean_sessions / static_cast<double>(healthy);
+    }
     std::optional<std::size_t> best;
     double best_cost = std::numeric_limits<double>::infinity(), best_ttft = 0, best_expected = 0;
     for (std::size_t k = 0; k < ctx.workers.size(); ++k) {
@@ -263,13 +277,14 @@ class KvCost final : public RoutingPolicy {
       if (!w.healthy) continue;
       const Terms t = terms(ctx, i, static_cast<double>(most_matched), step_per_token);
       const double c = t.cost(o_, idle_queue_s);
-      // A request opening a session goes to a worker with the fewest live sessions bound, then the fewest requests
-      // in flight, then the cheapest. Its pick binds the session's later turns, whose load is unknown now but
-      // alike in expectation for every session, so the sessions themselves are what to spread evenly; the cost of
-      // this first turn hardly differs between workers, and picking by it stacked agent sessions whose contexts
-      // later grew to 50-128K tokens on a few workers until their KV pools overflowed. Requests in flight alone
-      // miss the sessions between two turns (an agent waiting for a tool has none in flight), so they stay the
-      // tie-break (docs/benchmarks.md, "Where a session opens").
+      // A request opening a session goes to a worker with the fewest live sessions bound (of the prefix's holders,
+      // above), then the fewest requests in flight, then the cheapest. Its pick binds the session's later turns,
+      // whose load is unknown now but alike in expectation for every session, so the sessions themselves are what
+      // to spread evenly; the cost of this first turn hardly differs between workers, and picking by it stacked
+      // agent sessions whose contexts later grew to 50-128K tokens on a few workers until their KV pools
+      // overflowed. Requests in flight alone miss the sessions between two turns (an agent waiting for a tool has
+      // none in flight), so they stay the tie-break (docs/benchmarks.md, "Where a session opens").
+      if (holders_only && ctx.matched_tokens(i) != most_matched) continue;
       if (ctx.opens_session && best) {
         const WorkerView& b = ctx.workers[*best];
         if (w.sessions != b.sessions || w.in_flight != b.in_flight) {

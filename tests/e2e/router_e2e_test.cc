@@ -876,9 +876,10 @@ TEST(RouterE2E, SessionHeaderBindsToOneWorker) {
   EXPECT_EQ(seen.size(), 1u);
 }
 
-// kv_cost opens a session on a worker with the fewest requests in flight: the session's later turns stay there, so
-// a cached prefix on a busier worker, which wins a request without a session, does not decide it.
-TEST(RouterE2E, KvCostOpensASessionOnTheLeastBusyWorker) {
+// kv_cost opens a session on a worker holding the context its prompt starts with while that worker has no more
+// sessions than the fleet's mean, even when it is busier: the session's later turns stay there, and the context is
+// not computed again. A second session with the same context goes to the other worker, which has none.
+TEST(RouterE2E, KvCostOpensSessionsOnTheContextsHolderWhileSessionsStayBalanced) {
   Fleet fleet(2, {"--policy", "kv_cost"}, /*speed=*/1);
   std::string context;
   for (int i = 0; i < 600; ++i) context += "tool output line " + std::to_string(i) + ". ";
@@ -911,18 +912,24 @@ TEST(RouterE2E, KvCostOpensASessionOnTheLeastBusyWorker) {
   auto plain = send(" second question", 4);
   EXPECT_EQ(plain.status, 200);
   EXPECT_EQ(plain.header("x-kvroute-worker"), holder);
-  // Opening a session: the other, idle worker; its next turn stays there.
+  // Opening a session: the holder, busier but holding the context; its next turn stays there.
   auto opened = send(" agent task", 4, "agent-1");
   EXPECT_EQ(opened.status, 200);
-  const std::string session_worker = opened.header("x-kvroute-worker");
-  EXPECT_NE(session_worker, holder);
-  EXPECT_EQ(send(" agent task, turn 2", 4, "agent-1").header("x-kvroute-worker"), session_worker);
+  EXPECT_EQ(opened.header("x-kvroute-worker"), holder);
+  EXPECT_EQ(send(" agent task, turn 2", 4, "agent-1").header("x-kvroute-worker"), holder);
+  // A second session: the holder has more sessions than the mean now, so the other worker.
+  auto second = send(" another agent task", 4, "agent-2");
+  EXPECT_EQ(second.status, 200);
+  const std::string other = second.header("x-kvroute-worker");
+  EXPECT_NE(other, holder);
+  EXPECT_EQ(send(" another agent task, turn 2", 4, "agent-2").header("x-kvroute-worker"), other);
   long_one.join();
   EXPECT_EQ(long_worker, holder);
 }
 
 // Sessions that start with the same context, opened one after another on an idle fleet: each first turn is
-// cheapest on the context's holder, but the sessions spread evenly, and /admin/workers counts them.
+// cheapest on the context's holders, which take one only while they have no more sessions than the mean, so the
+// sessions spread evenly; /admin/workers and /metrics count them.
 TEST(RouterE2E, KvCostSpreadsNewSessionsEvenly) {
   Fleet fleet(3, {"--policy", "kv_cost"});
   std::string context;

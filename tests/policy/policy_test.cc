@@ -259,7 +259,8 @@ TEST(KvCost, LeavesAPrefixHolderWhenItWouldSlowTheRequestsRunningThereMore) {
 
 // A request opening a session binds its later turns: it goes to a worker with the fewest live sessions bound even
 // where another worker would serve this turn a little sooner; among those to the fewest requests in flight (a
-// session between two turns has none), and then to the cheapest.
+// session between two turns has none), and then to the cheapest. While a worker holding the longest prefix of the
+// prompt has no more sessions than the fleet's mean, the holders take it (the prefix is not computed again).
 TEST(KvCost, OpensASessionOnAWorkerWithTheFewestSessions) {
   auto p = make("kv_cost");
   Scene s(4);
@@ -268,14 +269,15 @@ TEST(KvCost, OpensASessionOnAWorkerWithTheFewestSessions) {
   s.workers[0].in_flight = 3;
   s.workers[1].in_flight = 1;
   s.workers[2].in_flight = 1;
+  s.workers[0].sessions = 2;  // above the mean (0.75): the holder does not take another
   s.workers[3].sessions = 1;  // idle, but a session waits there for its next turn
   EXPECT_EQ(p->pick(s.context())->worker, 0u);  // one more request: the cached prefix wins
   s.ctx.opens_session = true;
   auto pick = p->pick(s.ctx);
   EXPECT_EQ(pick->worker, 2u);  // no session bound, the least busy, and of those the one holding more of the prompt
   EXPECT_EQ(pick->predicted_cached_tokens, 200u);
-  // With a session on every worker but the busiest, the busiest takes the next one.
-  s.workers[1].sessions = s.workers[2].sessions = 1;
+  // With the holder at the mean (one session everywhere), it takes the session though it is the busiest.
+  for (auto& w : s.workers) w.sessions = 1;
   EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
   // Its next turn is bound to the worker it opened on (session affinity), not opened again.
   s.ctx.opens_session = false;

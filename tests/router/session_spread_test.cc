@@ -50,7 +50,8 @@ class SessionSpreadTest : public testing::Test {
 };
 
 // A worker holding the prefix every session starts with is the cheapest for each first turn, and idle between
-// them; the sessions still spread evenly, since their later turns will stay where they open.
+// them; the sessions still spread evenly (a holder takes one only while it has no more than the mean), since
+// their later turns will stay where they open.
 TEST_F(SessionSpreadTest, NewSessionsSpreadEvenlyThoughOneWorkerHoldsTheirPrefix) {
   start(3);
   const hashing::WorkerId holder = turn("", 0);
