@@ -275,6 +275,7 @@ class KvCost final : public RoutingPolicy {
       const std::size_t i = (k + ctx.sequence) % ctx.workers.size();
       const WorkerView& w = ctx.workers[i];
       if (!w.healthy) continue;
+      if (holders_only && ctx.matched_tokens(i) != most_matched) continue;
       const Terms t = terms(ctx, i, static_cast<double>(most_matched), step_per_token);
       const double c = t.cost(o_, idle_queue_s);
       // A request opening a session goes to a worker with the fewest live sessions bound (of the prefix's holders,
@@ -284,7 +285,6 @@ class KvCost final : public RoutingPolicy {
       // agent sessions whose contexts later grew to 50-128K tokens on a few workers until their KV pools
       // overflowed. Requests in flight alone miss the sessions between two turns (an agent waiting for a tool has
       // none in flight), so they stay the tie-break (docs/benchmarks.md, "Where a session opens").
-      if (holders_only && ctx.matched_tokens(i) != most_matched) continue;
       if (ctx.opens_session && best) {
         const WorkerView& b = ctx.workers[*best];
         if (w.sessions != b.sessions || w.in_flight != b.in_flight) {
