@@ -397,21 +397,13 @@ void Router::bind_session(const std::string& hashed_key, hashing::WorkerId worke
   std::size_t evicted = 0;
   {
     std::lock_guard lock(sessions_mu_);
-    auto uncount = [&](Binding&& b) { --session_counts_[b.worker]; };
-    if (const Binding* was = sessions_.find(hashed_key)) {
-      if (was->worker != worker) {
-        --session_counts_[was->worker];
-        ++session_counts_[worker];
-      }
-    } else {
-      // At --max-sessions, the least recently used binding makes room (counted here, so put() evicts none).
-      if (sessions_.size() >= sessions_.capacity()) {
-        bool first = true;
-        evicted = sessions_.drop_oldest_while([&](const Binding&) { return std::exchange(first, false); }, uncount);
-      }
+    const Binding* was = sessions_.find(hashed_key);
+    if (!was || was->worker != worker) {
+      if (was) --session_counts_[was->worker];
       ++session_counts_[worker];
     }
-    evicted += sessions_.put(hashed_key, Binding{worker, now});
+    // At --max-sessions, the least recently used binding makes room.
+    evicted = sessions_.put(hashed_key, Binding{worker, now}, [&](Binding&& b) { uncount(b); });
     expire_sessions(now);
   }
   if (evicted > 0) metrics_.sessions_evicted(evicted);
@@ -422,16 +414,18 @@ void Router::expire_sessions(std::chrono::steady_clock::time_point now) {
       std::chrono::duration<double>(config_.session_ttl_s));
   // Bindings are ordered by last use, so the expired ones are all at the old end.
   sessions_.drop_oldest_while([&](const Binding& b) { return now - b.last_used > ttl; },
-                              [&](Binding&& b) { --session_counts_[b.worker]; });
+                              [&](Binding&& b) { uncount(b); });
+}
+
+std::uint32_t Router::counted_sessions(hashing::WorkerId id) const {
+  const auto it = session_counts_.find(id);
+  return it == session_counts_.end() ? 0 : it->second;
 }
 
 void Router::count_sessions(std::vector<policy::WorkerView>& views) {
   std::lock_guard lock(sessions_mu_);
   expire_sessions(std::chrono::steady_clock::now());
-  for (auto& v : views) {
-    const auto it = session_counts_.find(v.id);
-    v.sessions = it == session_counts_.end() ? 0 : it->second;
-  }
+  for (auto& v : views) v.sessions = counted_sessions(v.id);
 }
 
 std::optional<hashing::WorkerId> Router::session_worker(const std::string& key) const {
@@ -451,23 +445,24 @@ std::optional<hashing::WorkerId> Router::bound_worker(const std::string& hashed_
 std::uint32_t Router::sessions_bound(hashing::WorkerId id) {
   std::lock_guard lock(sessions_mu_);
   expire_sessions(std::chrono::steady_clock::now());
-  const auto it = session_counts_.find(id);
-  return it == session_counts_.end() ? 0 : it->second;
+  return counted_sessions(id);
 }
 
 void Router::publish_sessions() {
-  std::unordered_map<hashing::WorkerId, std::uint32_t> counts;
+  // The counts under the lock, the gauges after it: no other lock is taken while sessions_mu_ is held.
+  const auto workers = registry_.snapshot();
+  std::vector<std::uint32_t> counts;
+  counts.reserve(workers->size());
   std::size_t total = 0;
   {
     std::lock_guard lock(sessions_mu_);
     expire_sessions(std::chrono::steady_clock::now());
-    counts = session_counts_;
     total = sessions_.size();
+    for (const auto& w : *workers) counts.push_back(counted_sessions(w->id()));
   }
   metrics_.set_sessions(total);
-  for (const auto& w : *registry_.snapshot()) {
-    const auto it = counts.find(w->id());
-    if (auto s = metrics_.worker(w->id())) s->sessions->Set(it == counts.end() ? 0 : it->second);
+  for (std::size_t i = 0; i < workers->size(); ++i) {
+    if (auto s = metrics_.worker((*workers)[i]->id())) s->sessions->Set(counts[i]);
   }
 }
 

@@ -226,6 +226,9 @@ class Router {
   void count_sessions(std::vector<policy::WorkerView>& views);
   // Drops the bindings idle past the TTL (all at the old end), and their counts; sessions_mu_ held.
   void expire_sessions(std::chrono::steady_clock::time_point now);
+  // session_counts_ of a binding that is gone, and of worker `id`; sessions_mu_ held.
+  void uncount(const Binding& b) { --session_counts_[b.worker]; }
+  std::uint32_t counted_sessions(hashing::WorkerId id) const;
   void add_remote_load(std::vector<policy::WorkerView>& views) const;
   static constexpr std::size_t kMaxHeldBackground = 100'000;
   struct HeldBackground {

@@ -31,8 +31,9 @@ class RecencyMap {
   RecencyMap& operator=(const RecencyMap&) = delete;
 
   // Inserts or replaces the value of `key`, which becomes the most recent entry. Returns how many entries were
-  // evicted to stay within capacity (0 or 1).
-  std::size_t put(std::string_view key, V value) {
+  // evicted to stay within capacity (0 or 1), handing each evicted value to `dropped` (as an rvalue) first.
+  template <class Dropped>
+  std::size_t put(std::string_view key, V value, Dropped dropped) {
     if (auto it = index_.find(key); it != index_.end()) {
       it->second->second = std::move(value);
       order_.splice(order_.begin(), order_, it->second);
@@ -42,10 +43,14 @@ class RecencyMap {
     index_.emplace(order_.front().first, order_.begin());  // the view points into the list node, which stays put
     std::size_t evicted = 0;
     while (order_.size() > capacity_) {
+      dropped(std::move(order_.back().second));
       pop_oldest();
       ++evicted;
     }
     return evicted;
+  }
+  std::size_t put(std::string_view key, V value) {
+    return put(key, std::move(value), [](V&&) {});
   }
 
   // The value of `key`, or null; does not change recency.

@@ -22,6 +22,17 @@ TEST(RecencyMap, ForgetsTheLeastRecentlyPutBeyondCapacity) {
   EXPECT_EQ(*m.find("c"), 4);
 }
 
+TEST(RecencyMap, HandsTheEvictedValueToItsCaller) {
+  RecencyMap<int> m(2);
+  std::vector<int> dropped;
+  auto keep = [&](int&& v) { dropped.push_back(v); };
+  EXPECT_EQ(m.put("a", 1, keep), 0u);
+  EXPECT_EQ(m.put("b", 2, keep), 0u);
+  EXPECT_EQ(m.put("b", 5, keep), 0u);  // replaced: nothing evicted
+  EXPECT_EQ(m.put("c", 3, keep), 1u);
+  EXPECT_EQ(dropped, (std::vector<int>{1}));
+}
+
 TEST(RecencyMap, FindDoesNotRefresh) {
   RecencyMap<int> m(2);
   m.put("a", 1);
