@@ -5,6 +5,8 @@
 #include <cstdlib>
 
 #include <algorithm>
+#include <bit>
+#include <cstring>
 #include <map>
 
 namespace kvroute::shared_state {
@@ -114,6 +116,10 @@ namespace wire {
 
 std::string pack_hashes(std::span<const hashing::BlockHash> hashes) {
   std::string out(hashes.size() * 8, '\0');
+  if constexpr (std::endian::native == std::endian::little) {  // the wire's byte order: one copy
+    if (!hashes.empty()) std::memcpy(out.data(), hashes.data(), out.size());
+    return out;
+  }
   for (std::size_t i = 0; i < hashes.size(); ++i) {
     for (int b = 0; b < 8; ++b) out[i * 8 + b] = static_cast<char>((hashes[i] >> (8 * b)) & 0xff);
   }
@@ -122,6 +128,10 @@ std::string pack_hashes(std::span<const hashing::BlockHash> hashes) {
 
 std::vector<hashing::BlockHash> unpack_hashes(std::string_view bytes) {
   std::vector<hashing::BlockHash> out(bytes.size() / 8);
+  if constexpr (std::endian::native == std::endian::little) {
+    if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * 8);
+    return out;
+  }
   for (std::size_t i = 0; i < out.size(); ++i) {
     std::uint64_t h = 0;
     for (int b = 0; b < 8; ++b) h |= std::uint64_t{static_cast<unsigned char>(bytes[i * 8 + b])} << (8 * b);

@@ -39,6 +39,9 @@ TEST(SharedStateWire, HashesRoundTrip) {
   const std::vector<hashing::BlockHash> h{0, 1, 0xfedcba9876543210ull, ~0ull};
   const std::string packed = wire::pack_hashes(h);
   EXPECT_EQ(packed.size(), 32u);
+  // Little-endian on the wire, whatever the host: replicas on different machines read each other's records.
+  EXPECT_EQ(packed[8], '\x01');
+  EXPECT_EQ(packed.substr(16, 8), std::string("\x10\x32\x54\x76\x98\xba\xdc\xfe", 8));
   EXPECT_EQ(wire::unpack_hashes(packed), h);
   EXPECT_EQ(wire::parse_hex64(wire::hex64(0xfedcba9876543210ull)), 0xfedcba9876543210ull);
   EXPECT_FALSE(wire::parse_hex64("xyz"));
