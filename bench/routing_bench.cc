@@ -309,13 +309,7 @@ void BM_RouterRoute(benchmark::State& state) {
 }
 BENCHMARK(BM_RouterRoute)->ArgName("models")->DenseRange(0, 7)->Unit(benchmark::kMicrosecond);
 
-// Router::route with and without router replicas sharing state (--shared-state, router/replica_sync.h), in one
-// run so their ratio compares: Arg 0 = no shared state; 1 = a ReplicaSync attached to the Redis named by
-// $KVROUTE_BENCH_REDIS (redis://127.0.0.1:PORT; skipped when unset), with 64 workers' load from other replicas,
-// so each decision also adds their load and hands its routed record (512 blocks) to the shared state's thread.
-// Arg 2 = the same with that Redis unreachable (the replica routes alone; records are still queued, then
-// dropped oldest-first).
-// Deletes every key under `prefix`: (SCAN MATCH prefix:*, UNLINK).
+// Deletes every key under `prefix` (SCAN MATCH prefix:*, then UNLINK): what a benchmark run left in Redis.
 void drop_keys(const std::string& url, const std::string& prefix) {
   const auto u = kvroute::shared_state::parse_redis_url(url);
   if (!u) return;
@@ -359,6 +353,13 @@ void drop_keys(const std::string& url, const std::string& prefix) {
   redisFree(c);
 }
 
+// Router::route with and without router replicas sharing state (--shared-state, router/replica_sync.h), in one
+// run so their ratio compares: Arg 0 = no shared state; 1 = a ReplicaSync attached to the Redis named by
+// $KVROUTE_BENCH_REDIS (redis://127.0.0.1:PORT; skipped when unset), with 64 workers' load from other replicas
+// (zero), so each decision also sums their load and hands its routed record (512 blocks) to the shared state's
+// thread.
+// Arg 2 = the same with that Redis unreachable (the replica routes alone; records are still queued, then
+// dropped oldest-first).
 void BM_RouterRouteShared(benchmark::State& state) {
   constexpr int kWorkers = 64;
   const int shared = static_cast<int>(state.range(0));
