@@ -74,8 +74,15 @@ std::string_view RelayObserver::on_body(std::string_view piece, bool last) {
     take_complete_events(sse_, out_, last, stream_usage_);
     out = out_;
   }
-  // A background response's "queued" answer, complete: held before the client can act on its id.
-  if (last && decision_ && decision_->background && status_ >= 200 && status_ < 300) router_.hold_answered(*decision_);
+  // A background response's "queued" answer, complete: held before the client can act on its id. Any other
+  // response, complete: its load on the worker ends before the client can send its next request.
+  if (last && decision_) {
+    if (decision_->background && status_ >= 200 && status_ < 300) {
+      router_.hold_answered(*decision_);
+    } else {
+      router_.worker_done(*decision_);
+    }
+  }
   return out;
 }
 

@@ -252,13 +252,19 @@ void Router::inter_token(const Decision& d, double seconds) {
   if (!d.worker->removed()) metrics_.itl(d.worker->id(), seconds);
 }
 
+void Router::worker_done(Decision& d) {
+  if (d.held || d.background || d.load_ended) return;
+  d.load_ended = true;
+  d.worker->end(d.prefill_ticket, d.first_byte_seen, d.uncached_tokens, d.prompt_tokens, d.kv_tokens);
+}
+
 void Router::complete(Decision& d, const Outcome& outcome) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
   computing_done(d, /*first_token=*/false);
   // A queued background response keeps its load on the worker until it ends (holds_background()). Streamed, its
   // exchange lasted until the response was done. One held when its answer was read (hold_answered) stays held
   // whether that answer then reached the client or not: the response runs on the worker either way.
-  if (!d.held) {
+  if (!d.held && !d.load_ended) {
     if (d.background && !d.streamed && outcome.ok && !d.response_id.empty() && !d.worker->removed()) {
       hold_background(d);
     } else {

@@ -68,6 +68,7 @@ struct Decision {
   bool tokens_estimated = false;
   std::string response_id;  // a background request's response id, from its "queued" answer
   bool held = false;        // its load is already held as a background response's (Router::hold_answered)
+  bool load_ended = false;  // its load on the worker has ended (Router::worker_done)
   // kv_cost's prefix hold (Router::prefix_held): the blocks this request computes on its worker until its
   // first byte, and, when it is held, the earlier request computing its prefix's last block.
   hashing::ComputingPrefixes::Token computing = 0;
@@ -103,6 +104,11 @@ class Router {
   void first_byte(Decision& d);
   // Inter-token latency of a streamed response (kvroute_itl_seconds), skipped for a worker removed meanwhile.
   void inter_token(const Decision& d, double seconds);
+  // The worker has sent the whole response, which is about to reach the client: the request's load on the
+  // worker ends now (complete() comes only after the last write, and a client that sends its next request as
+  // soon as it has read this one must find the worker free, or a conversation's next turn is priced against
+  // its own last one). No-op for a background request, whose load complete() or hold_answered() settles.
+  void worker_done(Decision& d);
   void complete(Decision& d, const Outcome& outcome);
   // kv_cost's prefix hold. A request route() sent to a worker in precise mode, with no session, whose matched
   // prefix there ends in a block that an earlier request is still computing (hashing/computing_prefixes.h)

@@ -93,5 +93,28 @@ TEST_F(RelayObserverTest, TheFirstPieceIsTheRoutedRequestsFirstByte) {
   router_->complete(*decision_, Outcome{true, observer_->usage()});
 }
 
+// The worker's load ends with the last piece of its response, before that piece is written to the client: a
+// client sending its next request the moment it has read this one finds the worker free (a conversation's next
+// turn is not priced against its last one). complete() then ends it only once.
+TEST_F(RelayObserverTest, TheLoadOnTheWorkerEndsWithTheLastPieceOfItsResponse) {
+  auto parsed = parse_request(Endpoint::kCompletions, R"({"model":"m","prompt":"hello there"})", RequestHeaders{},
+                              ParseOptions{});
+  ASSERT_TRUE(parsed);
+  auto d = router_->route(*parsed);
+  ASSERT_TRUE(d);
+  decision_ = std::move(*d);
+  EXPECT_EQ(worker_->in_flight(), 1u);
+  observer_->begin(false, false);
+  observer_->on_head(200, false, *worker_, "r6");
+  observer_->on_body(R"({"choices":[{"text":"hi"}],)", false);
+  EXPECT_EQ(worker_->in_flight(), 1u);
+  observer_->on_body(R"("usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}})", true);
+  EXPECT_EQ(worker_->in_flight(), 0u);
+  EXPECT_EQ(worker_->view().pending_prefill_tokens, 0u);
+  router_->complete(*decision_, Outcome{true, observer_->usage()});
+  EXPECT_EQ(worker_->in_flight(), 0u);
+  EXPECT_EQ(worker_->view().active_decode_tokens, 0u);
+}
+
 }  // namespace
 }  // namespace kvroute::router
