@@ -24,6 +24,8 @@
 //              precise mode a predicted block the worker's event confirms counts as hit again, so the share
 //              is close to how full the worker's cache is: docs/benchmarks.md, "Counting only real reuse")
 //   dup      = 5 x prefill time of the tokens some other worker holds but this one would recompute
+//   r        = the share of the worker's capacity holding blocks that were hit again (as in evict); 1 when its
+//              capacity is unknown
 //   idle     = the fleet's spare prefill: the shortest prefill queue (pending / P) of any healthy worker
 //   others   = beta x n x out x d                     what the request adds to the inter-token latency of the
 //                                                      n requests in flight there: d = step_per_token x (T +
@@ -31,7 +33,7 @@
 //                                                      step reads every running sequence's KV), for the part of
 //                                                      its out steps each of them is still decoding (beta)
 //   tail     = for prompts of 24K tokens or more: 10 x max(0, TTFT - the fleet's recent p97 TTFT)
-//   cost     = TTFT x (1 + TTFT / 5 s) + alpha x (evict + dup x (1 + 4 TTFT / 5 s + idle / 25 ms))
+//   cost     = TTFT x (1 + TTFT / 5 s) + alpha x (evict + dup x (r x (1 + 4 TTFT / 5 s) + idle / 25 ms))
 //              + others + tail
 //
 // The TTFT part of the cost is convex: a second of queueing costs 1 + 2 TTFT / 5 s, so a long prompt (whose
@@ -42,6 +44,13 @@
 // the copies they made evicted other prefixes (conversation trace at 1x the knee: hit rate 12.7 % -> 13.2 %).
 // It grows with the load of the whole fleet as well (kFleetBusySeconds): a recomputation is paid for with GPU
 // time, which is free while some worker idles and taken from other requests once every worker has a queue.
+// The part that prices the copy itself (the cache space it takes and the hits it splits) is in proportion to
+// r, how much of the worker's cache holds blocks that are hit again: a copy displaces reused blocks only as
+// far as the cache holds them, and on a worker whose cache holds nothing reused the copy costs its prefill
+// (in TTFT) and, on a busy fleet, the GPU time. Unscaled, it kept a prefix every request shares on a few
+// workers at light load, their decode batches growing until the inter-token latency tripled while idle
+// workers could have held a copy at once (family seeds 7, 17, 65, 76; docs/benchmarks.md, "The duplicate's
+// price, in proportion to reuse").
 //
 // What made the difference on the benchmark (docs/benchmarks.md): pricing admission (running cap and full KV pool)
 // and the batch-dependent decode step, so sessions and long chats are not stacked on a worker whose TTFT looks fine
@@ -129,6 +138,7 @@ class KvCost final : public RoutingPolicy {
 
   struct Terms {
     double ttft = 0, evict = 0, dup = 0, others = 0, tail = 0;
+    double reuse = 1;  // r: the share of the worker's capacity holding blocks hit again (1: capacity unknown)
     // The TTFT expected, as reported (Pick::expected_ttft_s), which routing does not compare: `ttft` prices
     // the queue and the admission wait for routing's sake (a margin against overload), and leaves out the
     // fixed part, which every worker has. Here, instead:
@@ -147,10 +157,11 @@ class KvCost final : public RoutingPolicy {
     double expected = 0;
     // Convex in TTFT (ttft x (1 + ttft / kTailSeconds)): a second of queueing costs more the longer the request
     // already takes, so long prompts, which set the p99, go where they start soonest, while for short requests
-    // the cache terms still decide. The duplicate term scales with TTFT as well (kDuplicateTailWeight) and with
-    // the fleet's shortest prefill queue, `idle_queue_s` (kFleetBusySeconds).
+    // the cache terms still decide. The duplicate term scales with the reuse share of the worker's cache and
+    // TTFT (kDuplicateTailWeight), and with the fleet's shortest prefill queue, `idle_queue_s` (kFleetBusySeconds).
     double cost(const PolicyOptions& o, double idle_queue_s) const {
-      const double dup_scale = 1.0 + kDuplicateTailWeight * ttft / kTailSeconds + idle_queue_s / kFleetBusySeconds;
+      const double dup_scale =
+          reuse * (1.0 + kDuplicateTailWeight * ttft / kTailSeconds) + idle_queue_s / kFleetBusySeconds;
       return ttft * (1.0 + ttft / kTailSeconds) + o.alpha * (evict + dup * dup_scale) + others + tail;
     }
   };
@@ -205,8 +216,8 @@ class KvCost final : public RoutingPolicy {
     t.expected = std::max(w.base_ttft_s, 0.0) + queue - queued + queued_expected + prefill + admit_expected;
 
     if (w.capacity_blocks > 0) {
-      const double reuse = std::min(1.0, static_cast<double>(w.reused_blocks) / static_cast<double>(w.capacity_blocks));
-      t.evict = std::ceil(m / tpb) * reuse * tpb / P;
+      t.reuse = std::min(1.0, static_cast<double>(w.reused_blocks) / static_cast<double>(w.capacity_blocks));
+      t.evict = std::ceil(m / tpb) * t.reuse * tpb / P;
     }
     if (most_matched > matched) t.dup = kDuplicateWeight * prefill_seconds(most_matched - matched, matched, P);
     // Seconds of others' latency count as seconds of this request's (weight 1). The requests' n is the router's

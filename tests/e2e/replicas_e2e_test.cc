@@ -778,6 +778,16 @@ TEST(ReplicasE2E, APrefixHoldOnOneReplicaEndsWithAnotherReplicasFirstToken) {
     json::object b{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}, {"stream", stream}};
     return json::serialize(b);
   };
+  // Both requests go to worker 0, the others cordoned (on every replica): on an idle fleet whose caches hold
+  // nothing reused, kv_cost may as well compute the prefix again on an idle worker, and what is tested here is
+  // the hold across replicas.
+  for (int w = 1; w < kWorkers; ++w) {
+    ASSERT_EQ(http(fleet.admin(0), "POST", "/admin/workers/" + fleet.worker_name(w) + "/cordon").status, 200);
+  }
+  const auto cordoned_by = std::chrono::steady_clock::now() + 2s;
+  while (!fleet.cordoned_on(1, fleet.worker_name(kWorkers - 1)) && std::chrono::steady_clock::now() < cordoned_by) {
+    std::this_thread::sleep_for(5ms);
+  }
   // The records replica 1 has applied from the others (GET /admin/status, shared_state.applied).
   auto applied = [&] {
     const auto r = http(fleet.admin(1), "GET", "/admin/status");

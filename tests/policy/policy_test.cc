@@ -257,6 +257,31 @@ TEST(KvCost, LeavesAPrefixHolderWhenItWouldSlowTheRequestsRunningThereMore) {
   EXPECT_EQ(p->pick(s.context())->worker, 1u);
 }
 
+// The duplicate term prices what a copy of a prefix does to the cache it goes into (the space it takes, the hits
+// it splits) in proportion to how much of that cache holds blocks that are hit again: a copy onto a worker whose
+// cache holds nothing reused costs its prefill, and nothing more while some worker's prefill queue is empty.
+TEST(KvCost, ACopyOfAPrefixCostsInProportionToTheReuseInTheCacheItGoesInto) {
+  auto p = make("kv_cost");
+  Scene s(2);
+  for (auto& w : s.workers) {
+    w.prefill_tokens_per_s = 1000;
+    w.decode_step_per_token_s = 1e-6;
+    w.capacity_blocks = 1000;
+  }
+  s.match.blocks = {8, 0};
+  s.workers[0].in_flight = 10;  // 1.4 s added to their decodes (see the test above)
+  // Worker 1's cache is full of blocks hit again: a copy would displace them and the request stays.
+  s.workers[1].reused_blocks = 1000;
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  // Its cache holds nothing hit again: the copy costs its 1 s prefill, less than the others' 1.4 s.
+  s.workers[1].reused_blocks = 0;
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  // The same worker while every worker has a prefill queue: the copy takes GPU time from other requests.
+  s.workers[0].pending_prefill_tokens = 100;
+  s.workers[1].pending_prefill_tokens = 100;
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+}
+
 // A request opening a session binds its later turns: it goes to a worker with the fewest live sessions bound even
 // where another worker would serve this turn a little sooner; among those to the fewest requests in flight (a
 // session between two turns has none), and then to the cheapest. While a worker holding the longest prefix of the
