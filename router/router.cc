@@ -253,7 +253,10 @@ void Router::inter_token(const Decision& d, double seconds) {
 }
 
 void Router::worker_done(Decision& d) {
-  if (d.held || d.background || d.load_ended) return;
+  if (!d.held && !d.background && !d.load_ended) end_load(d);
+}
+
+void Router::end_load(Decision& d) {
   d.load_ended = true;
   d.worker->end(d.prefill_ticket, d.first_byte_seen, d.uncached_tokens, d.prompt_tokens, d.kv_tokens);
 }
@@ -268,7 +271,7 @@ void Router::complete(Decision& d, const Outcome& outcome) {
     if (d.background && !d.streamed && outcome.ok && !d.response_id.empty() && !d.worker->removed()) {
       hold_background(d);
     } else {
-      d.worker->end(d.prefill_ticket, d.first_byte_seen, d.uncached_tokens, d.prompt_tokens, d.kv_tokens);
+      end_load(d);
     }
   }
   metrics_.request_seconds(total);

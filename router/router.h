@@ -236,6 +236,8 @@ class Router {
   void uncount(const Binding& b) { --session_counts_[b.worker]; }
   std::uint32_t counted_sessions(hashing::WorkerId id) const;
   void add_remote_load(std::vector<policy::WorkerView>& views) const;
+  // Ends the request's load on its worker (backends::Worker::end), once: worker_done() or complete().
+  void end_load(Decision& d);
   static constexpr std::size_t kMaxHeldBackground = 100'000;
   struct HeldBackground {
     std::shared_ptr<backends::Worker> worker;

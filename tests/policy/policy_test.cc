@@ -232,17 +232,24 @@ TEST(KvCost, LeavesThePrefixHolderOnlyWhileTheFleetHasSpareCapacity) {
   EXPECT_EQ(pick->reason, Reason::kPrefixHit);
 }
 
-// What a request adds to the inter-token latency of the requests already in flight on a worker is priced in
-// seconds: with 1e-6 s per context token per decode step, each of them decodes about half of the request's 256
-// steps with its 1128 tokens (1000 of prompt, half its output) in the batch.
-TEST(KvCost, LeavesAPrefixHolderWhenItWouldSlowTheRequestsRunningThereMore) {
-  auto p = make("kv_cost");
+// Two workers at 1000 prefill tokens/s and 1e-6 s per context token per decode step; worker 0 holds 8 of the
+// prompt's 10 blocks, worker 1 none.
+Scene holder_and_other() {
   Scene s(2);
   for (auto& w : s.workers) {
     w.prefill_tokens_per_s = 1000;
     w.decode_step_per_token_s = 1e-6;
   }
   s.match.blocks = {8, 0};
+  return s;
+}
+
+// What a request adds to the inter-token latency of the requests already in flight on a worker is priced in
+// seconds: with 1e-6 s per context token per decode step, each of them decodes about half of the request's 256
+// steps with its 1128 tokens (1000 of prompt, half its output) in the batch.
+TEST(KvCost, LeavesAPrefixHolderWhenItWouldSlowTheRequestsRunningThereMore) {
+  auto p = make("kv_cost");
+  Scene s = holder_and_other();
   // 10 requests in flight on the holder (the router's own count; the worker has not reported them yet): 1.4 s
   // added to their decodes, less than recomputing 800 tokens elsewhere costs.
   s.workers[0].in_flight = 10;
@@ -262,13 +269,8 @@ TEST(KvCost, LeavesAPrefixHolderWhenItWouldSlowTheRequestsRunningThereMore) {
 // cache holds nothing reused costs its prefill, and nothing more while some worker's prefill queue is empty.
 TEST(KvCost, ACopyOfAPrefixCostsInProportionToTheReuseInTheCacheItGoesInto) {
   auto p = make("kv_cost");
-  Scene s(2);
-  for (auto& w : s.workers) {
-    w.prefill_tokens_per_s = 1000;
-    w.decode_step_per_token_s = 1e-6;
-    w.capacity_blocks = 1000;
-  }
-  s.match.blocks = {8, 0};
+  Scene s = holder_and_other();
+  for (auto& w : s.workers) w.capacity_blocks = 1000;
   s.workers[0].in_flight = 10;  // 1.4 s added to their decodes (see the test above)
   // Worker 1's cache is full of blocks hit again: a copy would displace them and the request stays.
   s.workers[1].reused_blocks = 1000;
