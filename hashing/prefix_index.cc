@@ -211,6 +211,22 @@ void PrefixIndex::set_capacity(WorkerId worker, std::uint64_t blocks) {
   lru(worker).capacity = blocks;
 }
 
+std::size_t PrefixIndex::limit(WorkerId worker, std::uint64_t blocks) {
+  std::unique_lock lock(mu_);
+  WorkerLru& l = lru(worker);
+  l.capacity = blocks;
+  return evict_beyond_capacity(l);
+}
+
+std::size_t PrefixIndex::evict_beyond_capacity(WorkerLru& l) {
+  std::size_t evicted = 0;
+  while (l.capacity != 0 && l.count > l.capacity) {
+    erase_entry(l.tail);
+    ++evicted;
+  }
+  return evicted;
+}
+
 std::uint64_t PrefixIndex::capacity(WorkerId worker) const {
   std::shared_lock lock(mu_);
   return worker < workers_.size() ? workers_[worker].capacity : 0;
@@ -220,13 +236,7 @@ std::size_t PrefixIndex::record(WorkerId worker, std::span<const BlockHash> chai
   std::unique_lock lock(mu_);
   // Tail first, so the chain's first block ends up most recently used.
   for (std::size_t i = chain.size(); i-- > 0;) touch(worker, chain[i], tier);
-  WorkerLru& l = workers_[worker];
-  std::size_t evicted = 0;
-  while (l.capacity != 0 && l.count > l.capacity) {
-    erase_entry(l.tail);
-    ++evicted;
-  }
-  return evicted;
+  return evict_beyond_capacity(workers_[worker]);
 }
 
 void PrefixIndex::record_routed(WorkerId worker, std::span<const BlockHash> chain, std::size_t predicted_from) {

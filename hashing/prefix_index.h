@@ -61,6 +61,12 @@ class PrefixIndex {
 
   // Capacity in blocks used by record(); 0 means unlimited.
   void set_capacity(WorkerId worker, std::uint64_t blocks);
+  // Approximate mode: set_capacity, and evict the least recently used entries beyond it now rather than at the
+  // worker's next record(). A replica that replayed the others' routing before it knew the worker's capacity
+  // (it learns it from the worker's metrics) would otherwise believe the worker holds prefixes it evicted long
+  // ago until it next routes there. Returns blocks evicted. (With an LRU, evicting late leaves the same blocks
+  // as evicting as they came.)
+  std::size_t limit(WorkerId worker, std::uint64_t blocks);
   std::uint64_t capacity(WorkerId worker) const;
 
   // Approximate mode: the worker now holds `chain` (tier kPredicted unless told). Returns blocks evicted.
@@ -170,6 +176,7 @@ class PrefixIndex {
   // Inserts or touches (worker, h); returns the entry.
   std::uint32_t touch(WorkerId w, BlockHash h, Tier tier, bool keep_predicted = false);
   void erase_entry(std::uint32_t e);
+  std::size_t evict_beyond_capacity(WorkerLru& l);  // the worker's LRU tail beyond its capacity; returns blocks
 
   // Entries live in fixed-size chunks so the pool grows without copying and with little slack.
   class EntryPool {

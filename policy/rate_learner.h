@@ -116,7 +116,12 @@ class RateLearner {
   // prior, so it gets traffic and is measured in turn (a prior never corrected is how a worker starves).
   void apply(WorkerView& view) const;
   // Rates learned elsewhere (another router replica): taken as this worker's current rates while nothing was
-  // learned here yet; false when samples of its own were already taken (they win).
+  // learned here yet; false when samples of its own were already taken (they win). Of them, apply() uses the
+  // fixed TTFT, the transfer rate and the decode step; the prefill rate and the decode and TTFT corrections of a
+  // worker without samples of its own stay the fleet's learned ratio, as for any unmeasured worker. Taking the
+  // other replica's per-worker values for those too made 8 simulated replicas disagree on which worker is
+  // fastest: hit rate 0.932x one router's instead of 1.012x on the synthetic trace's first 3,000 requests
+  // (docs/benchmarks.md, "A new replica's index and rates").
   bool seed(WorkerId worker, const WorkerRates& learned);
   // Forget a removed worker (its next prior starts fresh).
   void forget(WorkerId worker);

@@ -340,10 +340,13 @@ void App::describe_events(hashing::WorkerId id, boost::json::object& o) {
 void App::on_telemetry(const backends::Worker& w, const backends::WorkerTelemetry& t) {
   // Stale (its polls failing): what it last said is no longer its load.
   if (!t.valid) return metrics_.worker_load(w.id(), std::nullopt, std::nullopt, std::nullopt);
-  // The engine's KV capacity, in the router's blocks, bounds what approximate mode believes it holds.
+  // The engine's KV capacity, in the router's blocks, bounds what approximate mode believes it holds, at once
+  // (PrefixIndex::limit); in precise mode the worker's events say what it evicted, and the capacity is the
+  // denominator of its cache's reuse share.
   if (t.num_gpu_blocks > 0) {
     const std::uint64_t tokens = t.num_gpu_blocks * (t.block_size ? t.block_size : config_.block_tokens);
-    router_->index().set_capacity(w.id(), tokens / config_.block_tokens);
+    if (w.precise()) router_->index().set_capacity(w.id(), tokens / config_.block_tokens);
+    else router_->index().limit(w.id(), tokens / config_.block_tokens);
   }
   metrics_.worker_load(w.id(), t.running, t.waiting, t.kv_usage_reported ? std::optional(t.kv_usage) : std::nullopt);
 }

@@ -53,6 +53,7 @@ json::object worker_json(Services& svc, const backends::Worker& w) {
   for (const auto& m : w.models()) models.emplace_back(m);
   o["models"] = std::move(models);
   o["indexed_blocks"] = svc.router.index().worker_blocks(w.id());
+  o["reused_blocks"] = svc.router.index().worker_reused_blocks(w.id());
   o["mode"] = w.precise() ? "precise" : "approximate";
   o["prefix_commit"] = svc.router.prefix_commit(w.id());
   const auto rates = svc.router.learned_rates(w.id());

@@ -57,6 +57,31 @@ TEST(PrefixIndex, EvictsLeastRecentlyUsedBeyondCapacityTailFirst) {
   EXPECT_EQ(idx.worker_blocks(0), 10u);
 }
 
+// A capacity learned late (a new router replica replays the others' routing before the worker's metrics give
+// its capacity) applies at once: the same blocks remain as if it had been known all along.
+TEST(PrefixIndex, ALimitLearnedLateEvictsAtOnceWhatAnLruWouldHave) {
+  PrefixIndex late, known;
+  known.set_capacity(0, 10);
+  const auto a = chain(1, 6), b = chain(2, 6), c = chain(3, 6);
+  for (PrefixIndex* idx : {&late, &known}) {
+    idx->record(0, a);
+    idx->record(0, b);
+    idx->record(0, a);
+    idx->record(0, c);
+  }
+  EXPECT_EQ(late.worker_blocks(0), 18u);
+  EXPECT_EQ(late.limit(0, 10), 8u);
+  EXPECT_EQ(late.worker_blocks(0), 10u);
+  for (const auto& x : {a, b, c}) {
+    PrefixIndex::Match ml, mk;
+    late.match(x, ml);
+    known.match(x, mk);
+    EXPECT_EQ(ml.of(0), mk.of(0));
+  }
+  EXPECT_EQ(late.capacity(0), 10u);
+  EXPECT_EQ(late.limit(0, 0), 0u);  // 0: unlimited, nothing evicted
+}
+
 TEST(PrefixIndex, TouchRefreshesRecency) {
   PrefixIndex idx;
   idx.set_capacity(0, 8);
