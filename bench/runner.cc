@@ -83,7 +83,7 @@ std::string simulate_usage() {
          "  --event-delay S         KV events reach the router's index S seconds late (default 0.05)\n"
          "  --session-ttl S         idle seconds before a session binding expires (default 600)\n"
          "  --kv-alpha X, --kv-beta X  kv_cost weight of eviction, share of decode the running requests overlap\n"
-         "  --session-margin S      keep a session's worker unless its estimate is S seconds worse than the best\n"
+         "  --session-margin S      off a worker whose KV pool is full, move a session only if S seconds are gained\n"
          "                          (default 0.25)\n"
          "  --prefix-hold S         kv_cost (precise mode) holds a request whose prefix an earlier one is still\n"
          "                          computing on its worker for at most S seconds, as the daemon (default 0.4; 0: never)\n"

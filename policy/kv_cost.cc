@@ -79,9 +79,6 @@ namespace {
 // Chunked-prefill token budget per engine step (vLLM's default max_num_batched_tokens for chunked prefill
 // on large GPUs is 8192 in V1; smaller budgets only make the decode term larger).
 constexpr double kChunkTokens = 8192.0;
-// KV usage (blocks in use by requests, cached-but-free blocks excluded, as vLLM reports it) from which the
-// pool counts as full and admission waits for memory.
-constexpr double kFullKvUsage = 0.9;
 // Recomputing tokens another worker already holds costs more than their prefill time: the second copy takes
 // cache space (evicting something else) and splits that prefix's future hits between two workers. Tuned on
 // the benchmark: 5 keeps conversations with their context (3 left the conversation trace at 89 % of the
@@ -201,7 +198,7 @@ class KvCost final : public RoutingPolicy {
     const double excess = static_cast<double>(w.in_flight) + 1.0 - cap;
     if (excess > 0) admit = excess * out * step / cap;
     double admit_expected = admit;
-    if (w.capacity_blocks > 0 && w.kv_usage >= kFullKvUsage) {
+    if (kv_pool_full(w)) {
       const double pool_tokens = static_cast<double>(w.capacity_blocks) * tpb;
       admit = std::max(admit, std::min(1.0, (pending + m + out) / pool_tokens) * out * step);
       if (w.waiting > 0) {

@@ -63,6 +63,12 @@ struct WorkerView {
   std::uint32_t max_running = 256;            // running-sequence cap (batch size)
 };
 
+// KV usage (blocks in use by requests, cached-but-free blocks excluded, as vLLM reports it) from which a
+// worker's pool counts as full: admission waits for memory there (kv_cost's admission term), and a session may
+// leave it (session affinity).
+inline constexpr double kFullKvUsage = 0.9;
+inline bool kv_pool_full(const WorkerView& w) { return w.capacity_blocks > 0 && w.kv_usage >= kFullKvUsage; }
+
 // The load the other router replicas put on one worker (what they share through --shared-state; architecture
 // section 11): a worker is priced by every replica's requests, so the daemon and the simulator both add the
 // others' sum to a view with add_to() before the policy sees it.
@@ -230,7 +236,8 @@ struct PolicyOptions {
   // inter-token latency it adds to them for that long): 0.5, derived, since a running request is on average half
   // way through its own decode.
   double beta = 0.5;
-  // Session affinity: keep a bound worker unless its estimate exceeds the best by more than this. 0.25 s,
+  // Session affinity: off a bound worker whose KV pool is full (policy/session_affinity.cc; with room, it is
+  // always kept), move only when its estimate exceeds the best by more than this. 0.25 s,
   // measured with the move guard of policy/session_affinity.cc on the saturated multi_turn benchmark cell
   // over five seeds: mean / p99 TTFT 0.39 / 5.0 s (0.3 s: 0.40 / 5.6; 0.5 s: 0.45 / 5.8; 0.1 s and 1 s worse
   // on seed 1). Moves only go to workers with headroom, so a chat can leave a worker that starts queueing

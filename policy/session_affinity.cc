@@ -1,7 +1,18 @@
 // Session affinity (architecture section 6): a decorator over any policy. When the request's session is bound
-// to a healthy worker, that worker is kept unless the inner policy's latency estimate for it exceeds the
-// estimate of the inner policy's own pick by more than session_margin_s. Policies without a latency model
-// (estimate() is NaN) always keep the bound worker while it is healthy.
+// to a healthy worker, that worker is kept while its KV pool has room (kv_pool_full: usage below
+// kFullKvUsage, or unknown). Only when the pool is full may the session move, and then only if the inner
+// policy's latency estimate for the bound worker exceeds the estimate of its own pick by more than
+// session_margin_s. Policies without a latency model (estimate() is NaN) always keep the bound worker while it
+// is healthy.
+//
+// Why a turn stays while the pool has room, even when another worker's TTFT estimate is lower: a move
+// recomputes the session's whole context elsewhere (in the estimate) and leaves the context behind, and the
+// session's later turns follow it; a queue that is only long for now drains, a pool that is full does not (the
+// engine queues or preempts until requests finish). Allowing moves on the TTFT estimate alone, with the margin,
+// lost on the workload family: 23 and 28 of its seeds 1-50 and 51-100 within every margin, against 26 and 30
+// with moves only off a full pool, which leaves the 18 benchmark cells exactly as they were (their moves were all
+// off full pools); never moving at all also gave 26 and 31, but took multi_turn at its knee to 15x the p99
+// (docs/benchmarks.md, "When a session moves").
 //
 // A session is never moved to a worker that already has kMoveFillLimit of its running-sequence cap in
 // flight. Moving a chat moves its later turns too, and under overload that tipped the receiving worker over
@@ -41,7 +52,8 @@ class SessionAffinity final : public RoutingPolicy {
     const bool target_near_cap = target.max_running > 0 &&
                                  static_cast<double>(target.in_flight) + 1.0 > kMoveFillLimit * target.max_running;
     const double bound_estimate = inner_->estimate(ctx, bound);
-    if (target_near_cap || std::isnan(bound_estimate) || bound_estimate <= best->estimate_s + margin_) {
+    if (!kv_pool_full(ctx.workers[bound]) || target_near_cap || std::isnan(bound_estimate) ||
+        bound_estimate <= best->estimate_s + margin_) {
       const double itl = inner_->itl_estimate(ctx, bound);
       const double expected = inner_->expected_ttft(ctx, bound);
       return Pick{bound, Reason::kSession, ctx.matched_tokens(bound), std::isnan(bound_estimate) ? 0.0 : bound_estimate,

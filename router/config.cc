@@ -258,7 +258,7 @@ const std::vector<Option>& options() {
        }},
       {"session-ttl", "SECONDS", "idle time after which a session binding is forgotten (default 600)",
        DOUBLE_OPT(session_ttl_s, 0.001, 1e7)},
-      {"session-margin", "SECONDS", "keep a session's worker unless its estimate is worse than the best by more (default 0.25)",
+      {"session-margin", "SECONDS", "a session stays on its worker while the worker's KV pool has room; off a full pool it moves only to a worker whose estimate is better by more than this (default 0.25)",
        DOUBLE_OPT(session_margin_s, 0, 1e6)},
       {"prefix-hold", "SECONDS", "kv_cost, on workers in precise mode: a request whose prefix an earlier request is still computing on the chosen worker waits for that prefix (the earlier request's first token, or the worker's KV event storing it) for at most this long instead of computing it again; not on workers seen to make blocks hits when they schedule them (vLLM v1); 0 never holds (default 0.4)",
        DOUBLE_OPT(prefix_hold_s, 0, 60)},

@@ -433,18 +433,25 @@ TEST(KvCost, CpuTierCostsTransferNotRecompute) {
   EXPECT_NEAR(p->estimate(s.context(), 0), 0.1, 1e-9);  // 1000 tokens at 10000/s
 }
 
-TEST(SessionAffinity, KeepsBoundWorkerWithinMarginOnly) {
+TEST(SessionAffinity, KeepsBoundWorkerWhilePoolHasRoomThenWithinMarginOnly) {
   PolicyOptions o;
   o.session_margin_s = 0.5;
   auto p = std::move(*make_policy("kv_cost", o));
   Scene s(2);
-  for (auto& w : s.workers) w.prefill_tokens_per_s = 1000;
+  for (auto& w : s.workers) {
+    w.prefill_tokens_per_s = 1000;
+    w.capacity_blocks = 1000;
+  }
   s.match.blocks = {10, 0};
   s.context();
-  s.ctx.preferred = 1;  // bound to the cold worker: 1 s vs 0 s > margin
-  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
-  s.match.blocks = {10, 7};  // bound worker now 0.3 s: within margin
+  s.ctx.preferred = 1;  // bound to the cold worker: 1 s against 0 s, more than the margin
   auto pick = p->pick(s.ctx);
+  EXPECT_EQ(pick->worker, 1u);  // but its KV pool has room: the session stays
+  EXPECT_EQ(pick->reason, Reason::kSession);
+  s.workers[1].kv_usage = 0.95;  // its pool is full: the session may move, by more than the margin
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  s.match.blocks = {10, 7};  // bound worker now 0.3 s: within the margin
+  pick = p->pick(s.ctx);
   EXPECT_EQ(pick->worker, 1u);
   EXPECT_EQ(pick->reason, Reason::kSession);
   // A worker with 70 % of its running-sequence cap in flight does not take over a session.
