@@ -11,7 +11,7 @@
 // engine queues or preempts until requests finish). Allowing moves on the TTFT estimate alone, with the margin,
 // lost on the workload family: 23 and 28 of its seeds 1-50 and 51-100 within every margin, against 26 and 30
 // with moves only off a full pool, which leaves the 18 benchmark cells exactly as they were (their moves were all
-// off full pools); never moving at all also gave 26 and 31, but took multi_turn at its knee to 15x the p99
+// off full pools); never moving at all also gave 26 and 31, but took multi_turn at its knee to 16x the p99
 // (docs/benchmarks.md, "When a session moves").
 //
 // A session is never moved to a worker that already has kMoveFillLimit of its running-sequence cap in

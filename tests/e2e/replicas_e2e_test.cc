@@ -886,10 +886,9 @@ TEST(ReplicasE2E, NewReplicaInPreciseModeJoinsABusyFleet) {
     EXPECT_EQ(ev.at("resets").to_number<int>(), 0) << json::serialize(w);
   }
   EXPECT_EQ(fleet.log_text(fresh).find("could not fill"), std::string::npos);
-  // Every replica counts (nearly) the same blocks of each worker as held for reuse, what kv_cost prices a copy by:
-  // the fresh one from the events it replayed, the old one from the events it received as they came. (Blocks
-  // the worker stored before the replay window began reach the fresh replica only as predicted entries when
-  // some replica routes a request over them, and a predicted entry does not count, hence "nearly".)
+  // Every replica counts about the same blocks of each worker as held for reuse, what kv_cost prices a copy by:
+  // the fresh one from the events it replayed, the old one from the events it received as they came (measured
+  // within a few per cent of each other; a predicted block not yet confirmed does not count).
   auto reused = [&](int replica) {
     std::map<std::string, double> out;
     const json::value ws = json::parse(http(fleet.admin(replica), "GET", "/admin/workers").body);
