@@ -182,6 +182,50 @@ TEST(RouterE2E, MultiTurnConversationStaysWarm) {
   EXPECT_GT(last_cached, 400u);
 }
 
+// A conversation's turn stays on its worker while the worker is busy but its KV pool has room, although another
+// worker would start it sooner: moving would recompute the conversation's context there and leave the copy
+// behind (policy/session_affinity.cc). The worker is made busy with long prompts routed to it while the other
+// one is cordoned; the turn comes once the other is back.
+TEST(RouterE2E, ASessionStaysOnItsBusyWorkerWhileItsKvPoolHasRoom) {
+  Fleet fleet(2, {}, /*speed=*/5);
+  const std::map<std::string, std::string> session{{"x-session-id", "conversation-7"}};
+  json::array messages;
+  messages.push_back(json::object{{"role", "system"}, {"content", std::string(1500, 'S') + " you are a helpful assistant"}});
+  messages.push_back(json::object{{"role", "user"}, {"content", "first question about prefix caching"}});
+  auto first = http(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 8), session);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string owner = first.header("x-kvroute-worker");
+  std::string other;
+  const json::value workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
+  for (const auto& w : workers.at("workers").as_array()) {
+    if (w.at("name").as_string() != owner) other = std::string(w.at("name").as_string());
+  }
+  ASSERT_FALSE(other.empty());
+  ASSERT_EQ(http(fleet.admin(), "POST", "/admin/workers/" + other + "/cordon").status, 200);
+  // Four long prompts, all on the owner: a second or more of prefill queued there, within its KV pool.
+  std::vector<std::thread> busy;
+  std::atomic<int> busy_failed{0};
+  for (int i = 0; i < 4; ++i) {
+    busy.emplace_back([&, i] {
+      std::string prompt = "document " + std::to_string(i) + ":";
+      for (int k = 0; prompt.size() < 30000; ++k) prompt += " word" + std::to_string((i * 7919 + k) % 5000);
+      json::object body{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 1}};
+      if (http(fleet.api(), "POST", "/v1/completions", json::serialize(body)).status != 200) ++busy_failed;
+    });
+  }
+  const double queued = counter_reaching(fleet.admin(), "kvroute_worker_in_flight{worker=\"" + owner + "\"}", 4);
+  ASSERT_EQ(http(fleet.admin(), "POST", "/admin/workers/" + other + "/uncordon").status, 200);
+  messages.push_back(json::object{{"role", "assistant"}, {"content", assistant_text(first.body)}});
+  messages.push_back(json::object{{"role", "user"}, {"content", "second question about prefix caching"}});
+  auto second = http(fleet.api(), "POST", "/v1/chat/completions", chat_body(messages, 8), session);
+  for (auto& t : busy) t.join();
+  ASSERT_EQ(queued, 4) << "the long prompts did not all reach the owner";
+  EXPECT_EQ(busy_failed.load(), 0);
+  ASSERT_EQ(second.status, 200) << second.body;
+  EXPECT_EQ(second.header("x-kvroute-worker"), owner);
+  EXPECT_GT(cached_tokens(second.body), 300u);
+}
+
 // (b) 50 distinct long prefixes, 4 requests each: each prefix sticks to one worker, and every worker works.
 TEST(RouterE2E, DistinctPrefixesStickAndSpread) {
   Fleet fleet(3);
