@@ -154,6 +154,10 @@ std::uint32_t PrefixIndex::touch(WorkerId w, BlockHash h, Tier tier, bool keep_p
     if (en.hits == 0) ++l.reused;
     if (en.hits < 255) ++en.hits;
     if (keep_predicted && en.tier == Tier::kPredicted) tier = Tier::kPredicted;
+    // A prediction never demotes what the worker's events confirmed: drop_tier(kPredicted), when the worker's
+    // stream comes (back) up, would take the block out although the worker holds it, and a prefix hit
+    // publishes no event that could bring it back.
+    if (tier == Tier::kPredicted && en.tier != Tier::kPredicted) tier = en.tier;
     if (en.tier != tier) {
       if (en.tier == Tier::kCpu) --cpu_entries_;
       if (tier == Tier::kCpu) ++cpu_entries_;

@@ -69,7 +69,8 @@ class PrefixIndex {
   std::size_t limit(WorkerId worker, std::uint64_t blocks);
   std::uint64_t capacity(WorkerId worker) const;
 
-  // Approximate mode: the worker now holds `chain` (tier kPredicted unless told). Returns blocks evicted.
+  // Approximate mode: the worker now holds `chain` (tier kPredicted unless told; a block the worker's events
+  // confirmed keeps its tier, so a worker back in precise mode keeps it after drop_tier). Returns blocks evicted.
   std::size_t record(WorkerId worker, std::span<const BlockHash> chain, Tier tier = Tier::kPredicted);
 
   // Precise mode: apply a worker's own events. store() inserts or moves blocks to `tier` and marks them

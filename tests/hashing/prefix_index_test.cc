@@ -82,6 +82,24 @@ TEST(PrefixIndex, ALimitLearnedLateEvictsAtOnceWhatAnLruWouldHave) {
   EXPECT_EQ(late.limit(0, 0), 0u);  // 0: unlimited, nothing evicted
 }
 
+// A worker whose event stream is not (yet) live is in approximate mode: the router records what it routes there
+// (and a new replica, what the others routed) as predictions. When the stream comes up, the predictions the
+// events did not confirm are dropped (drop_tier). A block the events had confirmed stays: the worker holds it,
+// and a prefix hit publishes no event that would tell the router again.
+TEST(PrefixIndex, APredictionNeverDemotesABlockTheWorkersEventsConfirmed) {
+  PrefixIndex idx;
+  const auto stored = chain(1, 8), routed = chain(2, 8);
+  idx.store(0, stored, Tier::kGpu);  // what the worker's replayed events say it holds
+  idx.record(0, stored);             // routed there before the stream is live
+  idx.record(0, routed);
+  EXPECT_EQ(idx.drop_tier(0, Tier::kPredicted), 8u);  // the stream is live: only `routed` goes
+  PrefixIndex::Match m;
+  idx.match(stored, m);
+  EXPECT_EQ(m.of(0), 8u);
+  idx.match(routed, m);
+  EXPECT_EQ(m.of(0), 0u);
+}
+
 TEST(PrefixIndex, TouchRefreshesRecency) {
   PrefixIndex idx;
   idx.set_capacity(0, 8);
