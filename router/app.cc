@@ -333,6 +333,11 @@ void App::describe_events(hashing::WorkerId id, boost::json::object& o) {
   e["replay_failures"] = st.replay_failures;
   e["restarts"] = st.restarts;
   e["resets"] = st.resets;
+  // Events the applier could not use: a BlockStored whose parent it never saw (joined mid-stream past the replay
+  // buffer), a BlockRemoved of a block it never saw, an engine block size that is not a multiple of the router's.
+  e["orphan_events"] = st.applier.orphan_events;
+  e["unknown_removals"] = st.applier.unknown_removals;
+  e["unsupported_events"] = st.applier.unsupported_events;
   if (!st.last_error.empty()) e["last_error"] = st.last_error;
   o["kv_events"] = std::move(e);
 }

@@ -452,6 +452,8 @@ TEST(PreciseE2E, NativeEventStreamKeepsRouterIndexExactAfterEvictingBurst) {
     ASSERT_TRUE(w.as_object().contains("num_gpu_blocks")) << json::serialize(w);
     EXPECT_EQ(w.at("num_gpu_blocks").to_number<int>(), 200);
     EXPECT_EQ(w.at("kv_events").at("malformed_frames").to_number<int>(), 0);
+    EXPECT_EQ(w.at("kv_events").at("orphan_events").to_number<int>(), 0);
+    EXPECT_GT(w.at("kv_events").at("events_applied").to_number<int>(), 0);
   }
 }
 

@@ -884,6 +884,8 @@ TEST(ReplicasE2E, NewReplicaInPreciseModeJoinsABusyFleet) {
     const auto& ev = w.at("kv_events");
     EXPECT_EQ(ev.at("replay_failures").to_number<int>(), 0) << json::serialize(w);
     EXPECT_EQ(ev.at("resets").to_number<int>(), 0) << json::serialize(w);
+    EXPECT_EQ(ev.at("orphan_events").to_number<int>(), 0) << json::serialize(w);  // it replayed from the start
+    EXPECT_EQ(ev.at("unsupported_events").to_number<int>(), 0) << json::serialize(w);
   }
   EXPECT_EQ(fleet.log_text(fresh).find("could not fill"), std::string::npos);
   // Every replica counts about the same blocks of each worker as held for reuse, what kv_cost prices a copy by:
