@@ -255,11 +255,14 @@ class Replicas {
     }
     return count > 0 ? sum / count : 0;
   }
-  bool cordoned_on(int replica, const std::string& worker) const {
+  // GET /admin/workers of one replica: its "workers" (none if it does not answer).
+  json::array workers(int replica) const {
     auto r = http(admin_[replica], "GET", "/admin/workers");
-    if (r.status != 200) return false;
-    const json::value v = json::parse(r.body);
-    for (const auto& w : v.at("workers").as_array()) {
+    if (r.status != 200) return {};
+    return json::parse(r.body).at("workers").as_array();
+  }
+  bool cordoned_on(int replica, const std::string& worker) const {
+    for (const auto& w : workers(replica)) {
       if (w.at("name").as_string() == worker) return w.at("cordoned").as_bool();
     }
     return false;
@@ -690,10 +693,10 @@ TEST(ReplicasE2E, NewReplicaStartsWarm) {
   bool bounded = false;
   std::string seen;
   for (int tries = 0; tries < 40 && !bounded; ++tries) {
-    const json::value workers = json::parse(http(fleet.admin(fresh), "GET", "/admin/workers").body);
-    bounded = true;
+    const json::array workers = fleet.workers(fresh);
+    bounded = workers.size() == kWorkers;
     seen.clear();
-    for (const auto& w : workers.at("workers").as_array()) {
+    for (const auto& w : workers) {
       const double held = w.at("indexed_blocks").to_number<double>();
       const double capacity = w.as_object().contains("num_gpu_blocks") ? w.at("num_gpu_blocks").to_number<double>() : 0;
       bounded = bounded && capacity > 0 && held <= capacity;
@@ -879,8 +882,9 @@ TEST(ReplicasE2E, NewReplicaInPreciseModeJoinsABusyFleet) {
   EXPECT_EQ(mine.failed + others.failed, 0);
   EXPECT_LT(within, 5.0);
   EXPECT_GE(mine.hit_rate(), 0.97 * others.hit_rate());
-  const json::value workers = json::parse(http(fleet.admin(fresh), "GET", "/admin/workers").body);
-  for (const auto& w : workers.at("workers").as_array()) {
+  const json::array workers = fleet.workers(fresh);
+  EXPECT_EQ(workers.size(), kWorkers);
+  for (const auto& w : workers) {
     const auto& ev = w.at("kv_events");
     EXPECT_EQ(ev.at("replay_failures").to_number<int>(), 0) << json::serialize(w);
     EXPECT_EQ(ev.at("resets").to_number<int>(), 0) << json::serialize(w);
@@ -893,12 +897,12 @@ TEST(ReplicasE2E, NewReplicaInPreciseModeJoinsABusyFleet) {
   // within a few per cent of each other; a predicted block not yet confirmed does not count).
   auto reused = [&](int replica) {
     std::map<std::string, double> out;
-    const json::value ws = json::parse(http(fleet.admin(replica), "GET", "/admin/workers").body);
-    for (const auto& w : ws.at("workers").as_array()) out[std::string(w.at("name").as_string())] = w.at("reused_blocks").to_number<double>();
+    for (const auto& w : fleet.workers(replica)) out[std::string(w.at("name").as_string())] = w.at("reused_blocks").to_number<double>();
     return out;
   };
   std::this_thread::sleep_for(200ms);  // the last events on their way
   const auto theirs = reused(0), ours = reused(fresh);
+  EXPECT_EQ(theirs.size(), kWorkers);
   for (const auto& [name, blocks] : theirs) {
     EXPECT_GT(blocks, 0) << name;
     EXPECT_GE(ours.at(name), 0.9 * blocks) << name;
