@@ -57,9 +57,14 @@ void TelemetryPoller::poll(std::shared_ptr<Worker> worker) {
   if (in_progress_[worker->id()]) return;
   in_progress_[worker->id()] = true;
   const auto timeout = std::max(interval_, std::chrono::milliseconds(500));
-  http_get(strand_, worker->endpoint(), "/metrics", timeout, [self = shared_from_this(), worker](Result<SimpleResponse> r) {
+  // The requests that end from here on are not running when the report is read (WorkerTelemetry::ended_at_report).
+  const std::uint64_t ended = worker->ended();
+  auto on_reply = [self = shared_from_this(), worker, ended](Result<SimpleResponse> r) {
     std::optional<WorkerTelemetry> t;
-    if (r && r->status == 200) t = telemetry_from(events::parse_worker_telemetry(r->body));
+    if (r && r->status == 200) {
+      t = telemetry_from(events::parse_worker_telemetry(r->body));
+      t->ended_at_report = ended;
+    }
     boost::asio::post(self->strand_, [self, worker, t] {
       self->in_progress_[worker->id()] = false;
       if (t && t->valid) {
@@ -73,7 +78,8 @@ void TelemetryPoller::poll(std::shared_ptr<Worker> worker) {
         if (self->on_update_) self->on_update_(*worker, stale);
       }
     });
-  });
+  };
+  http_get(strand_, worker->endpoint(), "/metrics", timeout, std::move(on_reply));
 }
 
 }  // namespace kvroute::backends

@@ -75,6 +75,7 @@ void Worker::first_token(std::uint64_t ticket, std::uint64_t uncached, std::uint
 void Worker::end(std::uint64_t ticket, bool had_first_token, std::uint64_t uncached, std::uint64_t context,
                  std::uint64_t kv_tokens) {
   in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  ended_.fetch_add(1, std::memory_order_relaxed);
   inflight_kv_.fetch_sub(kv_tokens, std::memory_order_relaxed);
   if (had_first_token) {
     active_decode_.fetch_sub(context, std::memory_order_relaxed);
@@ -133,6 +134,7 @@ policy::WorkerView Worker::view(std::chrono::steady_clock::time_point now) const
   if (t.valid) {
     v.running = t.running;
     v.waiting = t.waiting;
+    policy::settle_report(v, ended(), t.ended_at_report);
     v.kv_usage = t.kv_usage;
     v.capacity_blocks = t.num_gpu_blocks;
   }

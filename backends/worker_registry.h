@@ -66,6 +66,9 @@ struct WorkerTelemetry {
   std::uint64_t num_gpu_blocks = 0;
   std::uint32_t block_size = 0;
   bool valid = false;
+  // Worker::ended() when the report was asked for: the requests that ended after it are no longer running
+  // (policy::settle_report), although the report counts them until the next one.
+  std::uint64_t ended_at_report = 0;
 };
 
 class Worker {
@@ -137,6 +140,13 @@ class Worker {
   void end(std::uint64_t ticket, bool had_first_token, std::uint64_t uncached_prompt_tokens,
            std::uint64_t context_tokens, std::uint64_t kv_tokens = 0);
   std::uint32_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
+  // Requests that ended on the worker: this replica's (every end()), and the other router replicas' as the
+  // shared state last told them (--shared-state; set_others_ended). Their sum, ended(), dates the worker's
+  // reported running and waiting counts (WorkerTelemetry::ended_at_report).
+  std::uint64_t ended_here() const { return ended_.load(std::memory_order_relaxed); }
+  std::uint64_t others_ended() const { return others_ended_.load(std::memory_order_relaxed); }
+  void set_others_ended(std::uint64_t n) { others_ended_.store(n, std::memory_order_relaxed); }
+  std::uint64_t ended() const { return ended_here() + others_ended(); }
   std::uint64_t pending_prefill_tokens() const { return pending_prefill_.load(std::memory_order_relaxed); }
   std::uint64_t active_decode_tokens() const { return active_decode_.load(std::memory_order_relaxed); }
 
@@ -181,6 +191,8 @@ class Worker {
   std::atomic<std::uint64_t> pending_prefill_{0};
   std::atomic<std::uint64_t> active_decode_{0};
   std::atomic<std::uint64_t> inflight_kv_{0};
+  std::atomic<std::uint64_t> ended_{0};
+  std::atomic<std::uint64_t> others_ended_{0};
   std::atomic<std::uint64_t> models_version_{0};
   mutable std::mutex mu_;
   WorkerTelemetry telemetry_;  // guarded by mu_

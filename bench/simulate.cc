@@ -206,6 +206,8 @@ class FleetSim {
       rep->load.resize(n_);
       rep->remote.resize(n_);
       rep->remote_at.resize(n_, 0.0);
+      rep->others_ended.resize(n_, 0);
+      rep->ended_at_poll.resize(n_, 0);
       rep->peers.resize(replicas);
       // Each replica's exchanges run on its own clock: their phases spread over the interval.
       rep->next_load = o.load_interval_s * static_cast<double>(r) / static_cast<double>(replicas);
@@ -328,6 +330,7 @@ class FleetSim {
     policy::PrefillQueue prefill_queue;
     std::uint64_t active_decode = 0;
     std::uint64_t inflight_kv = 0;  // as backends::Worker: uncached prompt + output tokens of requests in flight
+    std::uint64_t ended = 0;        // requests that finished there (backends::Worker::ended)
   };
 
   // What one router replica (one kvroute process) knows: its index, session bindings, learned rates and TTFT
@@ -345,11 +348,15 @@ class FleetSim {
     std::vector<RouterLoad> load;             // by worker
     std::vector<policy::LoadShare> remote;    // by worker: the sum of the others' load as last read
     std::vector<double> remote_at;            // by worker: the time `remote` is as of (policy::queued_at)
+    // By worker: the requests the others saw end there, as last read, and the routers' ends (its own and the
+    // others') when the worker's metrics were last polled (policy::settle_report).
+    std::vector<std::uint64_t> others_ended, ended_at_poll;
     // This replica's published load (the daemon's P:load:REPLICA key), oldest first.
     struct Published {
       double at;                               // readable from
       std::uint64_t seq;                       // the routed records it covers (those with seq <= this)
       std::vector<policy::LoadShare> load;     // by worker
+      std::vector<std::uint64_t> ended;        // by worker: RouterLoad::ended
     };
     std::deque<Published> published;
     std::uint64_t routed_seq = 0;              // routed records sent
@@ -358,6 +365,7 @@ class FleetSim {
     struct Peer {
       std::uint64_t covered = 0;
       std::vector<policy::LoadShare> load;
+      std::vector<std::uint64_t> ended;
       std::vector<std::pair<std::uint64_t, std::pair<WorkerId, policy::TimedShare>>> since;
     };
     std::vector<Peer> peers;                   // by replica
@@ -486,6 +494,7 @@ class FleetSim {
       workers_[e].running = s.running;
       workers_[e].waiting = s.waiting;
       workers_[e].kv_usage = s.kv_usage;
+      for (auto& rep : reps_) rep->ended_at_poll[e] = rep->load[e].ended + rep->others_ended[e];
     }
   }
 
@@ -529,6 +538,7 @@ class FleetSim {
     f.finish = t;
     f.cached = u.cached_tokens;
     l.in_flight -= 1;
+    ++l.ended;
     l.inflight_kv -= std::min(l.inflight_kv, f.kv_tokens);
     l.active_decode -= std::min<std::uint64_t>(l.active_decode, w_.requests[id].prompt_tokens);
     // What the daemon learns from a completed response: TTFT at the client, usage.cached_tokens, ITL.
@@ -620,15 +630,17 @@ class FleetSim {
     Replica& rep = *reps_[k];
     rep.next_load = now + std::max(o_.load_interval_s, 1e-3);
     std::vector<policy::LoadShare> mine(n_);
+    std::vector<std::uint64_t> ended(n_);
     for (std::size_t i = 0; i < n_; ++i) {
       const RouterLoad& l = rep.load[i];
+      ended[i] = l.ended;
       if (l.in_flight == 0) continue;
       policy::WorkerView v;
       l.prefill_queue.fill(v, now);
       mine[i] = {l.in_flight, l.pending_prefill, l.active_decode, v.pending_prefill_s, v.oldest_prefill_s,
                  l.pending_prefill > 0 ? v.prefill_elapsed_s : 0.0};
     }
-    rep.published.push_back({now + o_.sync_delay_s, rep.routed_seq, std::move(mine)});
+    rep.published.push_back({now + o_.sync_delay_s, rep.routed_seq, std::move(mine), std::move(ended)});
     std::vector<std::vector<policy::TimedShare>> parts(n_);  // by worker
     for (std::size_t q = 0; q < reps_.size(); ++q) {
       if (q == k) continue;
@@ -639,6 +651,7 @@ class FleetSim {
       if (!pub.empty() && pub.front().at <= now && pub.front().seq >= peer.covered) {
         peer.covered = pub.front().seq;
         peer.load = pub.front().load;
+        peer.ended = pub.front().ended;
         std::erase_if(peer.since, [&](const auto& d) { return d.first <= peer.covered; });
       }
       for (std::size_t i = 0; i < peer.load.size(); ++i) parts[i].push_back({now, peer.load[i]});
@@ -648,6 +661,9 @@ class FleetSim {
     for (std::size_t i = 0; i < n_; ++i) {
       rep.remote[i] = policy::queued_at(std::move(parts[i]), now);
       rep.remote_at[i] = now;
+      rep.others_ended[i] = 0;
+      for (const auto& peer : rep.peers)
+        if (i < peer.ended.size()) rep.others_ended[i] += peer.ended[i];
     }
   }
 
@@ -733,6 +749,7 @@ class FleetSim {
       if (sharing_) others_load(rep, i, t).add_to(v);
       v.running = ws.running;
       v.waiting = ws.waiting;
+      policy::settle_report(v, l.ended + rep.others_ended[i], rep.ended_at_poll[i]);
       v.kv_usage = ws.kv_usage;
       v.capacity_blocks = gpu_blocks_;
       v.reused_blocks = uses_match_ ? rep.index.worker_reused_blocks(v.id) : 0;

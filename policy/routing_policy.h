@@ -69,6 +69,20 @@ struct WorkerView {
 inline constexpr double kFullKvUsage = 0.9;
 inline bool kv_pool_full(const WorkerView& w) { return w.capacity_blocks > 0 && w.kv_usage >= kFullKvUsage; }
 
+// A worker's reported running and waiting counts brought up to now: `ended_now` counts the requests the routers
+// saw end on it (this replica's and, with --shared-state, the others' as last read), `ended_at_report` the same
+// count when its metrics were asked for. The requests that ended since leave the report's total, and the engine
+// refills the running places they freed from its waiting line. Without this, a request that finished just after
+// a poll still counted as running until the next (a second later), and a worker looked busy that was idle.
+inline void settle_report(WorkerView& v, std::uint64_t ended_now, std::uint64_t ended_at_report) {
+  if (ended_now <= ended_at_report) return;  // also a count that went back (a replica restarted)
+  const std::uint64_t reported = std::uint64_t{v.running} + v.waiting;
+  const std::uint64_t left = reported - std::min(reported, ended_now - ended_at_report);
+  const auto running = static_cast<std::uint32_t>(std::min<std::uint64_t>(v.running, left));
+  v.waiting = static_cast<std::uint32_t>(left - running);
+  v.running = running;
+}
+
 // The load the other router replicas put on one worker (what they share through --shared-state; architecture
 // section 11): a worker is priced by every replica's requests, so the daemon and the simulator both add the
 // others' sum to a view with add_to() before the policy sees it.

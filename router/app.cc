@@ -301,8 +301,9 @@ void App::subscribe_events(hashing::WorkerId id, const backends::WorkerEndpoint&
   sub->set_telemetry_listener([this](hashing::WorkerId id, const events::WorkerTelemetry& reported) {
     auto worker = registry_.find(id);
     if (!worker) return;
-    const backends::WorkerTelemetry t = backends::telemetry_from(reported);
+    backends::WorkerTelemetry t = backends::telemetry_from(reported);
     if (!t.valid) return;
+    t.ended_at_report = worker->ended();  // a pushed report is as of now
     worker->set_telemetry(t);
     on_telemetry(*worker, t);
   });

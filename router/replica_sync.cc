@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 
 #include <boost/json.hpp>
 
@@ -234,6 +235,23 @@ std::vector<std::pair<std::string, policy::WorkerRates>> ReplicaSync::local_rate
   const auto workers = registry_.snapshot();
   for (const auto& w : *workers) out.emplace_back(w->endpoint().url, router_.learned_rates(w->id()));
   return out;
+}
+
+std::vector<std::pair<std::string, std::uint64_t>> ReplicaSync::local_ended() {
+  std::vector<std::pair<std::string, std::uint64_t>> out;
+  const auto workers = registry_.snapshot();
+  for (const auto& w : *workers) {
+    if (w->ended_here() > 0) out.emplace_back(w->endpoint().url, w->ended_here());
+  }
+  return out;
+}
+
+void ReplicaSync::apply_others_ended(const std::vector<std::pair<std::string, std::uint64_t>>& ended) {
+  const std::map<std::string_view, std::uint64_t> by_url(ended.begin(), ended.end());
+  const auto workers = registry_.snapshot();
+  for (const auto& w : *workers) {
+    if (auto it = by_url.find(w->endpoint().url); it != by_url.end()) w->set_others_ended(it->second);
+  }
 }
 
 void ReplicaSync::up_changed(bool up, const std::string& why) {

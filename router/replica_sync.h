@@ -55,6 +55,8 @@ class ReplicaSync final : public shared_state::Handler {
   void apply_remote_load(std::vector<shared_state::WorkerLoad> load) override;
   std::vector<shared_state::WorkerLoad> local_load() override;
   std::vector<std::pair<std::string, policy::WorkerRates>> local_rates() override;
+  std::vector<std::pair<std::string, std::uint64_t>> local_ended() override;
+  void apply_others_ended(const std::vector<std::pair<std::string, std::uint64_t>>& ended) override;
   void up_changed(bool up, const std::string& why) override;
 
  private:

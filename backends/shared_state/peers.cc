@@ -69,7 +69,52 @@ bool SharedState::exchange_load() {
   std::erase_if(peers_, [&](const auto& e) { return now - e.second.seen > options_.load_ttl; });
   replicas_.store(live, std::memory_order_relaxed);
   give_remote_load();
-  return refresh_members();
+  return exchange_ends() && refresh_members();
+}
+
+bool SharedState::exchange_ends() {
+  const std::string hash = key("ended");
+  std::map<std::string_view, std::uint64_t> added;  // this exchange's increments, by worker
+  const auto mine = handler_.local_ended();
+  int writes = 0;
+  for (const auto& [worker, n] : mine) {
+    Ends& e = ends_[worker];
+    const std::uint64_t d = n > e.sent ? n - e.sent : 0;  // less: the worker was removed and added again here
+    e.sent = n;
+    if (d == 0) continue;
+    added[worker] = d;
+    conn_->append({"HINCRBY", hash, worker, std::to_string(d)});
+    ++writes;
+  }
+  // Kept while any replica serves; workers long gone leave with it.
+  if (writes > 0) {
+    conn_->append({"PEXPIRE", hash, "3600000"});
+    ++writes;
+  }
+  conn_->append({"HGETALL", hash});
+  for (int i = 0; i < writes; ++i) {
+    if (!conn_->reply()) return false;
+  }
+  ReplyPtr all = conn_->reply();
+  if (!all) return false;
+  std::vector<std::pair<std::string, std::uint64_t>> others;
+  for (std::size_t i = 0; all->type == REDIS_REPLY_ARRAY && i + 1 < all->elements; i += 2) {
+    const std::string_view worker = str(all->element[i]);
+    const auto total = wire::parse_count(str(all->element[i + 1]));
+    if (!total) continue;
+    Ends& e = ends_[std::string(worker)];
+    const auto it = added.find(worker);
+    const std::uint64_t own = it == added.end() ? 0 : it->second;
+    // A worker new to the hash since the last read started from 0; at the first read, every count is a start.
+    std::optional<std::uint64_t> before = e.seen;
+    if (!before && ends_read_) before = 0;
+    if (before && *total >= *before + own) e.others += *total - *before - own;
+    e.seen = *total;
+    others.emplace_back(worker, e.others);
+  }
+  ends_read_ = true;
+  handler_.apply_others_ended(others);
+  return true;
 }
 
 bool SharedState::refresh_members() {

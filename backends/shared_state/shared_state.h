@@ -147,6 +147,10 @@ class Handler {
   virtual void apply_remote_load(std::vector<WorkerLoad> load) = 0;
   virtual std::vector<WorkerLoad> local_load() = 0;
   virtual std::vector<std::pair<std::string, policy::WorkerRates>> local_rates() = 0;
+  // Requests that ended per worker URL: this replica's, counted since it started (local_ended), and the other
+  // replicas', counted since this one first read them (apply_others_ended; each call gives every worker's total).
+  virtual std::vector<std::pair<std::string, std::uint64_t>> local_ended() = 0;
+  virtual void apply_others_ended(const std::vector<std::pair<std::string, std::uint64_t>>& ended) = 0;
   // Redis became reachable (after a resync) or unreachable; `why` says what failed.
   virtual void up_changed(bool up, const std::string& why) = 0;
 };
@@ -304,6 +308,17 @@ class SharedState {
   std::map<std::string, Peer, std::less<>> peers_;
   bool peers_changed_ = false;  // records added load since the handler was last given the sum
   void give_remote_load();      // the sum over peers_ to the handler
+  // Requests ended per worker, one count for all replicas in the hash P:ended (HINCRBY): what this replica has
+  // added to it, its value when last read (none yet), and the others' ends, the changes it made that this
+  // replica did not. A count that went back (Redis restarted empty, the hash expired) is read afresh.
+  struct Ends {
+    std::uint64_t sent = 0;
+    std::optional<std::uint64_t> seen;
+    std::uint64_t others = 0;
+  };
+  std::map<std::string, Ends, std::less<>> ends_;
+  bool ends_read_ = false;  // the hash was read once
+  bool exchange_ends();  // with every load exchange
   bool was_up_ = false, told_down_ = false;
 };
 

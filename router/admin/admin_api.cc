@@ -48,6 +48,9 @@ json::object worker_json(Services& svc, const backends::Worker& w) {
   o["ejections"] = w.ejections();
   o["consecutive_failures"] = w.consecutive_failures();
   o["in_flight"] = w.in_flight();
+  // Requests that ended there, sent by this replica and by the others (--shared-state): what dates "running".
+  o["requests_ended"] = w.ended_here();
+  o["requests_ended_other_replicas"] = w.others_ended();
   o["sessions"] = svc.router.sessions_bound(w.id());
   json::array models;
   for (const auto& m : w.models()) models.emplace_back(m);

@@ -105,6 +105,35 @@ TEST(Worker, LoadAccountingBalances) {
   EXPECT_EQ(v.active_decode_tokens, 0u);
 }
 
+// A report of 2 running and 1 waiting, then a request of this replica and one of another replica end: the view
+// counts both as no longer running, the waiting one admitted in the place of the first. A later report is
+// taken as it comes.
+TEST(Worker, AReportCountsNoRequestThatEndedSinceItWasAskedFor) {
+  Worker w(0, *parse_worker_url("http://a:1"));
+  const auto a = w.begin(100, 0.5);
+  WorkerTelemetry t;
+  t.running = 2;
+  t.waiting = 1;
+  t.valid = true;
+  t.ended_at_report = w.ended();
+  w.set_telemetry(t);
+  EXPECT_EQ(w.view().running, 2u);
+  w.end(a, true, 100, 400);
+  auto v = w.view();
+  EXPECT_EQ(v.running, 2u);
+  EXPECT_EQ(v.waiting, 0u);
+  w.set_others_ended(1);
+  v = w.view();
+  EXPECT_EQ(v.running, 1u);
+  EXPECT_EQ(v.waiting, 0u);
+  EXPECT_EQ(w.ended_here(), 1u);
+  EXPECT_EQ(w.ended(), 2u);
+  t.ended_at_report = w.ended();
+  w.set_telemetry(t);
+  EXPECT_EQ(w.view().running, 2u);
+  EXPECT_EQ(w.view().waiting, 1u);
+}
+
 // The prefill queue kv_cost reads: its total and oldest estimate, and the time since the worker's last first
 // token, which restarts with every first token. A request that ends without one (cancelled, failed) leaves
 // the queue without restarting that clock.

@@ -158,6 +158,8 @@ class Ignore : public Handler {
   void apply_rates(const std::string&, const policy::WorkerRates&) override {}
   void apply_remote_load(std::vector<WorkerLoad>) override {}
   std::vector<WorkerLoad> local_load() override { return {}; }
+  std::vector<std::pair<std::string, std::uint64_t>> local_ended() override { return {}; }
+  void apply_others_ended(const std::vector<std::pair<std::string, std::uint64_t>>&) override {}
   std::vector<std::pair<std::string, policy::WorkerRates>> local_rates() override { return {}; }
   void up_changed(bool, const std::string&) override {}
 };

@@ -342,8 +342,9 @@ Result run_each(int from, int to, int threads, SendOne send_one) {
   return res;
 }
 
-Sent send(int port, const std::string& prompt, const std::map<std::string, std::string>& headers = {}) {
-  json::object body{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}};
+Sent send(int port, const std::string& prompt, const std::map<std::string, std::string>& headers = {},
+          int max_tokens = 4) {
+  json::object body{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", max_tokens}};
   auto r = http(port, "POST", "/v1/completions", json::serialize(body), headers);
   Sent s;
   s.status = r.status;
@@ -547,6 +548,47 @@ TEST(ReplicasE2E, ConversationAlternatingReplicasStaysOnOneWorker) {
   stop = true;
   for (auto& b : background) b.join();
   EXPECT_EQ(workers.size(), 1u);
+}
+
+// A worker's polled `running` counts a request that ended after the poll until the next one, and every replica
+// polls on its own: each takes the requests that ended since it asked off the report, the others' too (P:ended).
+// Each round, a long answer through replica 0 that replica 1's polls see running (once a second), then, a user's
+// pause after it ends, a short request for the same prefix through replica 1: it stays on the prefix's holder.
+// (Taking off only its own ends, replica 1 priced the finished request's decode there and moved the prefix.)
+TEST(ReplicasE2E, ARequestAnotherReplicaSawEndDoesNotMoveItsPrefix) {
+  if (!redis_available()) GTEST_SKIP() << "redis-server is not installed";
+  Redis redis;
+  Replicas fleet(2, &redis, 4096, "", false, {"--metrics-interval", "1"}, {"--speed", "1"});
+  const std::string prefix = text(4242, 150);
+  std::string holder;
+  for (int round = 0; round < 3; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    const Sent long_answer = send(fleet.api(0), prefix + "long answer " + std::to_string(round), {}, 200);
+    ASSERT_EQ(long_answer.status, 200);
+    ASSERT_GT(std::chrono::steady_clock::now() - start, 1s) << "the answer must outlast a poll";
+    if (holder.empty()) holder = long_answer.worker;
+    EXPECT_EQ(long_answer.worker, holder) << "round " << round;
+    std::this_thread::sleep_for(100ms);  // the end reaches replica 1 within two load exchanges (25 ms each)
+    const Sent next = send(fleet.api(1), prefix + "short answer " + std::to_string(round));
+    ASSERT_EQ(next.status, 200);
+    EXPECT_EQ(next.worker, holder) << "round " << round;
+    EXPECT_GT(next.cached, 100) << "round " << round;
+  }
+  // Each replica's admin API shows the holder's ends, its own and the other's (three each).
+  for (int replica = 0; replica < 2; ++replica) {
+    const auto until = std::chrono::steady_clock::now() + 2s;
+    double here = -1, others = -1;
+    while (std::chrono::steady_clock::now() < until && !(here == 3 && others == 3)) {
+      for (const auto& w : fleet.workers(replica)) {
+        if (w.at("name").as_string() != holder) continue;
+        here = w.at("requests_ended").to_number<double>();
+        others = w.at("requests_ended_other_replicas").to_number<double>();
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_EQ(here, 3) << "replica " << replica;
+    EXPECT_EQ(others, 3) << "replica " << replica;
+  }
 }
 
 TEST(ReplicasE2E, CordonHoldsOnEveryReplicaAndAfterARestart) {

@@ -248,6 +248,39 @@ TEST(RouterE2E, DistinctPrefixesStickAndSpread) {
   for (const auto& [w, n] : per_worker) EXPECT_GE(n, 20) << w;
 }
 
+// A worker's polled `running` still counts a request that ended after the poll, until the next poll: the router
+// takes the requests it saw end since it asked off the report (policy::settle_report). Each round, a long
+// answer that polls see running, then, as soon as it ends, a short request for the same prefix: it stays on the
+// prefix's holder. (A stale report priced a decode step and the running request's interference there, more than
+// recomputing the ~200-token prefix on the idle worker, and moved it.)
+TEST(RouterE2E, ARequestThatEndedSinceThePollDoesNotMoveItsPrefix) {
+  Fleet fleet(2, {"--metrics-interval", "0.25"}, /*speed=*/1);
+  std::string prefix = "manual: ";
+  for (int k = 0; k < 70; ++k) prefix += "token" + std::to_string(k * 37 % 1000) + " ";
+  std::string holder;
+  for (int round = 0; round < 3; ++round) {
+    json::object body{{"model", "qwen3-8b"}, {"prompt", prefix + " long answer " + std::to_string(round)},
+                      {"max_tokens", 200}};
+    const auto start = std::chrono::steady_clock::now();
+    auto long_answer = http(fleet.api(), "POST", "/v1/completions", json::serialize(body));
+    ASSERT_EQ(long_answer.status, 200) << long_answer.body << long_answer.error;
+    ASSERT_GT(std::chrono::steady_clock::now() - start, 500ms) << "the answer must outlast a poll";
+    if (holder.empty()) holder = long_answer.header("x-kvroute-worker");
+    EXPECT_EQ(long_answer.header("x-kvroute-worker"), holder) << "round " << round;
+    body["prompt"] = prefix + " short answer " + std::to_string(round);
+    body["max_tokens"] = 2;
+    auto next = http(fleet.api(), "POST", "/v1/completions", json::serialize(body));
+    ASSERT_EQ(next.status, 200) << next.body << next.error;
+    EXPECT_EQ(next.header("x-kvroute-worker"), holder) << "round " << round;
+    EXPECT_GT(cached_tokens(next.body), 100u) << "round " << round;
+  }
+  // The admin API counts the ends that date the reports.
+  auto workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body).as_object().at("workers").as_array();
+  std::uint64_t ended = 0;
+  for (const auto& w : workers) ended += w.as_object().at("requests_ended").to_number<std::uint64_t>();
+  EXPECT_EQ(ended, 6u);
+}
+
 // Mixed load from four concurrent clients for up to 20 s (150 requests each): streamed and not, shared system
 // prompts with their own questions, unique documents, short and long answers. Counts the requests each worker
 // served (x-kvroute-worker) and the failures.

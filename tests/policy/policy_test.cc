@@ -76,6 +76,23 @@ TEST(Policies, EveryPolicySkipsUnhealthyAndReturnsNoneWhenAllAreDown) {
   }
 }
 
+// settle_report: ends since the report leave the running count, the waiting line refilling it first; never
+// below zero, and a count that went back (a replica restarted) changes nothing.
+TEST(WorkerViewReport, RequestsThatEndedSinceTheReportAreNoLongerRunning) {
+  WorkerView v;
+  v.running = 3;
+  v.waiting = 2;
+  policy::settle_report(v, 14, 10);
+  EXPECT_EQ(v.running, 1u);  // 3 of the 4 ends were running, 2 waiting took their places
+  EXPECT_EQ(v.waiting, 0u);
+  v.running = 3;
+  v.waiting = 0;
+  policy::settle_report(v, 11, 10);
+  EXPECT_EQ(v.running, 2u);
+  policy::settle_report(v, 5, 10);
+  EXPECT_EQ(v.running, 2u);
+}
+
 TEST(RoundRobin, RotatesOverHealthyWorkers) {
   auto p = make("round_robin");
   Scene s(3);
