@@ -75,7 +75,7 @@ inline bool kv_pool_full(const WorkerView& w) { return w.capacity_blocks > 0 && 
 // refills the running places they freed from its waiting line. Without this, a request that finished just after
 // a poll still counted as running until the next (a second later), and a worker looked busy that was idle.
 inline void settle_report(WorkerView& v, std::uint64_t ended_now, std::uint64_t ended_at_report) {
-  if (ended_now <= ended_at_report) return;  // also a count that went back (a replica restarted)
+  if (ended_now <= ended_at_report) return;
   const std::uint64_t reported = std::uint64_t{v.running} + v.waiting;
   const std::uint64_t left = reported - std::min(reported, ended_now - ended_at_report);
   const auto running = static_cast<std::uint32_t>(std::min<std::uint64_t>(v.running, left));
