@@ -248,21 +248,25 @@ class KvCost final : public RoutingPolicy {
   }
 
   std::optional<Pick> pick(const RoutingContext& ctx) const override {
-    // The longest match any healthy worker has (for the duplicate term), the shortest prefill queue and the
-    // mean decode-step time per context token.
+    // The longest match any healthy worker has (for the duplicate term), the shortest prefill queue, the mean
+    // decode-step time per context token and the mean requests in flight.
     std::uint64_t most_matched = 0;
-    double idle_queue_s = std::numeric_limits<double>::infinity(), step_per_token = 0;
+    double idle_queue_s = std::numeric_limits<double>::infinity(), step_per_token = 0, mean_in_flight = 0;
     std::size_t healthy = 0;
     for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
       const WorkerView& w = ctx.workers[i];
       if (!w.healthy) continue;
       ++healthy;
       step_per_token += w.decode_step_per_token_s;
+      mean_in_flight += w.in_flight;
       most_matched = std::max(most_matched, ctx.matched_tokens(i));
       const double queue_s = static_cast<double>(w.pending_prefill_tokens) / std::max(w.prefill_tokens_per_s, 1.0);
       idle_queue_s = std::min(idle_queue_s, queue_s);
     }
-    if (healthy > 0) step_per_token /= static_cast<double>(healthy);
+    if (healthy > 0) {
+      step_per_token /= static_cast<double>(healthy);
+      mean_in_flight /= static_cast<double>(healthy);
+    }
     // A session opens on a worker holding the longest prefix of its prompt any worker holds while the least bound
     // of those holders has no more sessions than the fleet's mean: the sessions stay balanced, and a long shared
     // prefix (a document, a tool set) is not computed again for the balance's sake. Otherwise it opens anywhere.
@@ -279,6 +283,8 @@ class KvCost final : public RoutingPolicy {
     }
     std::optional<std::size_t> best;
     double best_cost = std::numeric_limits<double>::infinity(), best_ttft = 0, best_expected = 0;
+    bool best_overloaded = false;
+    const bool long_prompt = static_cast<double>(ctx.prompt_tokens) >= kLongPromptTokens;
     for (std::size_t k = 0; k < ctx.workers.size(); ++k) {
       const std::size_t i = (k + ctx.sequence) % ctx.workers.size();
       const WorkerView& w = ctx.workers[i];
@@ -293,7 +299,17 @@ class KvCost final : public RoutingPolicy {
       // agent sessions whose contexts later grew to 50-128K tokens on a few workers until their KV pools
       // overflowed. Requests in flight alone miss the sessions between two turns (an agent waiting for a tool has
       // none in flight), so they stay the tie-break (docs/benchmarks.md, "Where a session opens").
-      if (ctx.opens_session && best) {
+      // Except that a long prompt's session (the tail price's scope) does not open where its first turn would enter
+      // the fleet's TTFT tail and more than the fleet's mean requests are in flight, while another candidate has
+      // neither: the balance is for later turns, and it sent openings of 49K-token documents to the least bound
+      // holder with 100K tokens queued (16-20 s) when other holders would serve them in 0.3 s (family seed 25;
+      // without the in-flight condition, agent sessions stacked on the holders out of the tail instead: seed 47).
+      const bool overloaded = ctx.opens_session && long_prompt && ctx.fleet_tail_ttft_s > 0 &&
+                              t.ttft > ctx.fleet_tail_ttft_s && static_cast<double>(w.in_flight) > mean_in_flight;
+      if (ctx.opens_session && best && overloaded != best_overloaded) {
+        if (overloaded) continue;
+        best.reset();
+      } else if (ctx.opens_session && best) {
         const WorkerView& b = ctx.workers[*best];
         if (w.sessions != b.sessions || w.in_flight != b.in_flight) {
           if (w.sessions > b.sessions || (w.sessions == b.sessions && w.in_flight > b.in_flight)) continue;
@@ -302,6 +318,7 @@ class KvCost final : public RoutingPolicy {
       }
       if (!best || c < best_cost || (c == best_cost && w.in_flight < ctx.workers[*best].in_flight)) {
         best = i;
+        best_overloaded = overloaded;
         best_cost = c;
         best_ttft = t.ttft;
         best_expected = t.expected;
