@@ -563,7 +563,7 @@ TEST(ReplicasE2E, ARequestAnotherReplicaSawEndDoesNotMoveItsPrefix) {
   std::string holder;
   for (int round = 0; round < 3; ++round) {
     const auto start = std::chrono::steady_clock::now();
-    const Sent long_answer = send(fleet.api(0), prefix + "long answer " + std::to_string(round), {}, 200);
+    const Sent long_answer = send(fleet.api(0), prefix + "long answer " + std::to_string(round), {}, 300);
     ASSERT_EQ(long_answer.status, 200);
     ASSERT_GT(std::chrono::steady_clock::now() - start, 1s) << "the answer must outlast a poll";
     if (holder.empty()) holder = long_answer.worker;
