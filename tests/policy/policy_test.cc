@@ -76,14 +76,14 @@ TEST(Policies, EveryPolicySkipsUnhealthyAndReturnsNoneWhenAllAreDown) {
   }
 }
 
-// settle_report: ends since the report leave the running count, the waiting line refilling it first; never
-// below zero, and a count that went back (a replica restarted) changes nothing.
+// settle_report: ends since the report leave the report's total, and the running places they free are refilled
+// from the waiting line; never below zero, and a count that did not grow changes nothing.
 TEST(WorkerViewReport, RequestsThatEndedSinceTheReportAreNoLongerRunning) {
   WorkerView v;
   v.running = 3;
   v.waiting = 2;
   policy::settle_report(v, 14, 10);
-  EXPECT_EQ(v.running, 1u);  // 3 of the 4 ends were running, 2 waiting took their places
+  EXPECT_EQ(v.running, 1u);  // 4 of the 5 reported ended: one is left, running
   EXPECT_EQ(v.waiting, 0u);
   v.running = 3;
   v.waiting = 0;
