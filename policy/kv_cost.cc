@@ -32,6 +32,9 @@
 //                                                      out / 2) per step (architecture section 8: a memory-bound
 //                                                      step reads every running sequence's KV), for the part of
 //                                                      its out steps each of them is still decoding (beta)
+//            + n x s x copy                          the copy's prefill (the tokens some other worker holds,
+//                                                      recomputed here) delays each of them still decoding then,
+//                                                      s = max(0, 1 - queue / (out x step)) of the n
 //   tail     = for prompts of 24K tokens or more: 10 x max(0, TTFT - the fleet's recent p97 TTFT)
 //   cost     = TTFT x (1 + TTFT / 5 s) + alpha x (evict + dup x (r x (1 + 4 TTFT / 5 s) + idle / 25 ms))
 //              + others + tail
@@ -216,7 +219,9 @@ class KvCost final : public RoutingPolicy {
       t.reuse = std::min(1.0, static_cast<double>(w.reused_blocks) / static_cast<double>(w.capacity_blocks));
       t.evict = std::ceil(m / tpb) * t.reuse * tpb / P;
     }
-    if (most_matched > matched) t.dup = kDuplicateWeight * prefill_seconds(most_matched - matched, matched, P);
+    // The copy: prefill seconds of the tokens some other worker holds but this one would recompute.
+    const double copy = most_matched > matched ? prefill_seconds(most_matched - matched, matched, P) : 0.0;
+    t.dup = kDuplicateWeight * copy;
     // Seconds of others' latency count as seconds of this request's (weight 1). The requests' n is the router's
     // own count, immediate (between two metric polls the reported `running` lags), or what the worker reports if
     // more (requests another router sent). beta: a request running there is on average half way through its
@@ -230,7 +235,15 @@ class KvCost final : public RoutingPolicy {
     // their prefix holders (shared_prefix: hit rate 0.953x one router's, with the mean 0.996x).
     const double n = static_cast<double>(std::max<std::uint32_t>(w.in_flight, w.running));
     const double per_token = step_per_token > 0 ? step_per_token : w.decode_step_per_token_s;
-    t.others = o_.beta * n * out * per_token * (T + out / 2);
+    // The copy's compute is taken from the requests decoding there: chunked prefill runs each chunk in the step
+    // that decodes them, and a chunk's step is compute-bound (architecture section 8), so each request still
+    // decoding when the copy is prefilled waits as long as the copy takes. Still decoding: of the n, the share whose
+    // remaining decode outlasts the queue ahead of the copy, remaining decodes spread evenly over [0, out x step]
+    // (this request's output as the typical one). Only the copy is priced so: the prompt's own new tokens are
+    // prefilled wherever it goes, and pricing their stall too made kv_cost balance requests in flight at the price
+    // of p99 TTFT where no prefix is shared (docs/benchmarks.md, "What a copy takes from the requests decoding").
+    const double decoding_share = std::max(0.0, 1.0 - queue / std::max(out * step, 1e-9));
+    t.others = o_.beta * n * out * per_token * (T + out / 2) + n * decoding_share * copy;
     if (T >= kLongPromptTokens && ctx.fleet_tail_ttft_s > 0) {
       t.tail = kTailPriceWeight * std::max(0.0, t.ttft - ctx.fleet_tail_ttft_s);
     }

@@ -301,6 +301,44 @@ TEST(KvCost, ACopyOfAPrefixCostsInProportionToTheReuseInTheCacheItGoesInto) {
   EXPECT_EQ(p->pick(s.context())->worker, 0u);
 }
 
+// A copy of a prefix is computed in the steps that decode the requests running where it goes, so it delays each of
+// them by its prefill time: priced as their time. Two workers at 1000 prefill tokens/s, decode steps of 20 ms and no
+// cost per context token (the inter-token term is zero); the holder has 3 s of prefill queued, the other holds
+// nothing reused (a copy does not displace reuse) and has an empty queue.
+TEST(KvCost, ACopyIsPricedByTheTimeItTakesFromTheRequestsDecodingWhereItGoes) {
+  auto p = make("kv_cost");
+  Scene s(2);
+  for (auto& w : s.workers) {
+    w.prefill_tokens_per_s = 1000;
+    w.decode_step_s = 0.02;
+    w.capacity_blocks = 1000;
+  }
+  s.match.blocks = {8, 0};
+  s.workers[0].pending_prefill_tokens = 3000;
+  // Two requests decode on the other worker: the 0.8 s copy costs them 1.6 s, less than the 3 s wait.
+  s.workers[1].in_flight = 2;
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  // Twenty: 16 s of their time; the request waits for its prefix's holder.
+  s.workers[1].in_flight = 20;
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  // The same twenty, reported by the worker rather than counted by this router.
+  s.workers[1].in_flight = 0;
+  s.workers[1].running = 20;
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  // Behind a queue longer than their decodes (256 steps of 2 ms), they will have finished when the copy runs. (A
+  // third worker, idle but slow, keeps the fleet from counting as busy, which would price the copy higher still.)
+  s.workers.push_back(s.workers[0]);
+  s.workers[2].id = 2;
+  s.workers[2].pending_prefill_tokens = 0;
+  s.workers[2].prefill_tokens_per_s = 10;
+  s.match.blocks.push_back(0);
+  s.match.cpu_blocks.push_back(0);
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  s.workers[1].pending_prefill_tokens = 600;
+  s.workers[1].decode_step_s = 0.002;
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+}
+
 // A request opening a session binds its later turns: it goes to a worker with the fewest live sessions bound even
 // where another worker would serve this turn a little sooner; among those to the fewest requests in flight (a
 // session between two turns has none), and then to the cheapest. While a worker holding the longest prefix of the
