@@ -367,6 +367,32 @@ TEST(KvCost, OpensASessionOnAWorkerWithTheFewestSessions) {
   EXPECT_EQ(p->pick(s.ctx)->worker, 2u);
 }
 
+// A session does not open by copying its prefix into a cache with no room for it beside the blocks there that are
+// hit again: the copy would evict reused blocks for the balance's sake. Capacity 1,000 blocks everywhere; worker 0
+// holds 8 of the prompt's 10 blocks and has more sessions than the mean.
+TEST(KvCost, ASessionDoesNotOpenByCopyingItsPrefixIntoACacheFullOfReusedBlocks) {
+  auto p = make("kv_cost");
+  Scene s(3);
+  for (auto& w : s.workers) {
+    w.prefill_tokens_per_s = 1000;
+    w.capacity_blocks = 1000;
+  }
+  s.match.blocks = {8, 0, 0};
+  s.workers[0].sessions = 5;
+  s.workers[1].reused_blocks = 1000;
+  s.workers[2].reused_blocks = 995;  // room for 5 blocks, not the 8 it would copy
+  s.ctx.opens_session = true;
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  // Room on worker 2: the fewest sessions decide again.
+  s.workers[2].reused_blocks = 992;
+  EXPECT_EQ(p->pick(s.context())->worker, 2u);
+  // A cache of unknown capacity is not held back.
+  s.workers[1].capacity_blocks = 0;
+  s.workers[1].in_flight = 0;
+  s.workers[2].in_flight = 1;
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+}
+
 // A long prompt's session does not open on the least bound holder when its first turn there would enter the
 // fleet's TTFT tail and that holder has more than the mean requests in flight: it opens on another holder. Without
 // the tail known, for a short prompt, or with the holder no busier than the mean, the fewest sessions decide.
