@@ -345,6 +345,8 @@ class FleetSim {
     std::uint64_t sequence = 0;    // requests it routed (RoutingContext::sequence, as Router's sequence_)
     // The TTFT tail kv_cost prices (policy/recent_quantile.h), over the first tokens of this replica's requests.
     policy::RecentQuantile tail{policy::kFleetTailWindow, policy::kFleetTailQuantile};
+    // The own contexts of this replica's sessions' later turns (RoutingContext::session_context_tokens).
+    policy::RecentQuantile session_context{policy::kFleetTailWindow, 1.0, 20, 1};
     std::vector<RouterLoad> load;             // by worker
     std::vector<policy::LoadShare> remote;    // by worker: the sum of the others' load as last read
     std::vector<double> remote_at;            // by worker: the time `remote` is as of (policy::queued_at)
@@ -788,6 +790,8 @@ class FleetSim {
     ctx.sequence = policy::replica_sequence(rep.sequence++, replica, sharing_ ? reps_.size() : 1);
     ctx.random = mix(o_.seed, r.id);
     ctx.fleet_tail_ttft_s = rep.tail.value();
+    ctx.session_context_tokens = rep.session_context.value();
+    if (preferred && uses_match_) rep.session_context.add(policy::own_context_tokens(ctx));
     const std::optional<policy::Pick> pick = policy_.pick(ctx);
     const auto t1 = std::chrono::steady_clock::now();
     decision_us_.push_back(static_cast<float>(std::chrono::duration<double, std::micro>(t1 - t0).count()));

@@ -271,6 +271,31 @@ class KvCost final : public RoutingPolicy {
     return static_cast<double>(w.reused_blocks) + copy_blocks <= static_cast<double>(w.capacity_blocks);
   }
 
+  // Whether a session may open on a holder of its prefix with `excess` sessions more than the fleet's mean bound
+  // there (the least bound holders have `least_held`), rather than copy the `copy`-token prefix elsewhere: when the
+  // excess sessions' own contexts take less KV than the copy would, and the holder has room for this session's own
+  // context beside the blocks it has that are hit again (as `copy_fits` asks of a copy's target). What a session
+  // keeps on its worker alone is its own context, taken at the largest any recent later turn had
+  // (RoutingContext::session_context_tokens); until later turns are seen there is no excess (agent sessions look
+  // small when they open and grow to 128K tokens). The balance in sessions is what keeps growing sessions apart;
+  // where sessions share a long document or tool set and add little to it, copying the document for one session
+  // more or less costs more KV, prefill and waiting than the sessions' own contexts do. Family seed 39 (nine
+  // 32K-token documents, chat): 235 later turns waited behind copies the balance had made (1.6 s each on average),
+  // against 35 under e2 (docs/benchmarks.md, "A session opening weighed in KV").
+  static bool excess_below_copy(const RoutingContext& ctx, double excess, double copy, std::uint32_t least_held) {
+    if (ctx.session_context_tokens <= 0) return false;
+    const double own = ctx.session_context_tokens;
+    if (excess * own > copy) return false;
+    const double tpb = ctx.tokens_per_block > 0 ? ctx.tokens_per_block : 16.0;
+    for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
+      const WorkerView& w = ctx.workers[i];
+      if (!w.healthy || static_cast<double>(ctx.matched_tokens(i)) < copy || w.sessions != least_held) continue;
+      const double room = (static_cast<double>(w.capacity_blocks) - static_cast<double>(w.reused_blocks)) * tpb;
+      if (w.capacity_blocks == 0 || own <= room) return true;
+    }
+    return false;
+  }
+
   std::optional<Pick> pick(const RoutingContext& ctx) const override {
     // The longest match any healthy worker has (for the duplicate term), the shortest prefill queue, the mean
     // decode-step time per context token and the mean requests in flight.
@@ -293,7 +318,8 @@ class KvCost final : public RoutingPolicy {
     }
     // A session opens on a worker holding the longest prefix of its prompt any worker holds while the least bound
     // of those holders has no more sessions than the fleet's mean: the sessions stay balanced, and a long shared
-    // prefix (a document, a tool set) is not computed again for the balance's sake. Otherwise it opens anywhere.
+    // prefix (a document, a tool set) is not computed again for the balance's sake. Otherwise it opens anywhere,
+    // unless the holder's excess is smaller, in KV, than the copy: see `excess_below_copy`.
     bool holders_only = false;
     if (ctx.opens_session && most_matched > 0 && healthy > 0) {
       double mean_sessions = 0;
@@ -303,7 +329,8 @@ class KvCost final : public RoutingPolicy {
         mean_sessions += ctx.workers[i].sessions;
         if (ctx.matched_tokens(i) == most_matched) least_held = std::min(least_held, ctx.workers[i].sessions);
       }
-      holders_only = least_held <= mean_sessions / static_cast<double>(healthy);
+      const double excess = static_cast<double>(least_held) - mean_sessions / static_cast<double>(healthy);
+      holders_only = excess <= 0 || excess_below_copy(ctx, excess, static_cast<double>(most_matched), least_held);
     }
     std::optional<std::size_t> best;
     double best_cost = std::numeric_limits<double>::infinity(), best_ttft = 0, best_expected = 0;

@@ -13,6 +13,16 @@ std::uint64_t RoutingContext::matched_tokens(std::size_t i) const {
   return tokens_of_blocks(matched_blocks(i), tokens_per_block, prompt_tokens);
 }
 
+double own_context_tokens(const RoutingContext& ctx) {
+  if (!ctx.preferred) return 0.0;
+  std::uint64_t shared = 0;
+  for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
+    if (i != *ctx.preferred) shared = std::max(shared, ctx.matched_tokens(i));
+  }
+  const double context = static_cast<double>(ctx.prompt_tokens) + expected_output_tokens(ctx.max_tokens);
+  return std::max(0.0, context - static_cast<double>(shared));
+}
+
 std::string_view reason_name(Reason r) {
   switch (r) {
     case Reason::kPrefixHit: return "prefix_hit";

@@ -178,6 +178,9 @@ struct RoutingContext {
   std::uint64_t sequence = 0;                  // request number, for round robin
   std::uint64_t random = 0;                    // a uniform random draw for this request
   double fleet_tail_ttft_s = 0;                // the fleet's recent TTFT tail (policy/recent_quantile.h), 0 unknown
+  // The largest context of their own that sessions' later turns recently had (own_context_tokens(), over the
+  // router's last kFleetTailWindow of them), 0 while unknown: kv_cost weighs a session opening's balance with it.
+  double session_context_tokens = 0;
   // The request carries a session key that is bound to no worker yet: the worker it goes to keeps the session's
   // later turns (session affinity), so the pick commits more than this request.
   bool opens_session = false;
@@ -186,6 +189,11 @@ struct RoutingContext {
   std::uint32_t matched_cpu_blocks(std::size_t i) const { return match ? match->cpu_of(workers[i].id) : 0; }
   std::uint64_t matched_tokens(std::size_t i) const;
 };
+
+// Of a request continuing a session (ctx.preferred set), the tokens of its context no other worker holds: the
+// prompt and its expected output, less the longest match on any other worker (the shared prefix: a system prompt,
+// tools, a document). That is what the session keeps on its worker alone. 0 for any other request.
+double own_context_tokens(const RoutingContext& ctx);
 
 // kPreviousResponse: set by the router, not a policy (a Responses API request continuing a stored response).
 enum class Reason : std::uint8_t { kPrefixHit, kSession, kLoadFallback, kCold, kOnlyChoice, kPreviousResponse };

@@ -152,6 +152,7 @@ RouterMetrics::RouterMetrics()
   index_entries_ = gauge(*registry_, "kvroute_index_entries", "(block, worker) entries in the prefix index");
   index_bytes_ = gauge(*registry_, "kvroute_index_bytes", "Memory held by the prefix index");
   sessions_ = gauge(*registry_, "kvroute_sessions", "Session bindings held");
+  session_own_context_ = gauge(*registry_, "kvroute_session_own_context_tokens", "Largest context of their own (beyond what other workers hold) that recent later turns of sessions had; kv_cost keeps a new session on its prefix's holder while the holder's sessions beyond the mean, at this size, take less KV than copying the prefix");
   sessions_evicted_ = counter(*registry_, "kvroute_sessions_evicted_total", "Session bindings forgotten before their TTL because --max-sessions were held");
   held_body_bytes_ = gauge(*registry_, "kvroute_held_body_bytes", "Request body bytes held now, counted against --max-held-body-bytes");
   body_budget_waits_ = counter(*registry_, "kvroute_body_budget_waits_total", "Requests whose body waited, unread, because --max-held-body-bytes of bodies were held");

@@ -158,6 +158,8 @@ class RouterMetrics {
     index_bytes_->Set(static_cast<double>(bytes));
   }
   void set_sessions(std::size_t n) { sessions_->Set(static_cast<double>(n)); }
+  // The largest own context of the recent later turns of sessions (RoutingContext::session_context_tokens).
+  void set_session_own_context(double tokens) { session_own_context_->Set(tokens); }
   // Session bindings forgotten, still live, because --max-sessions were held.
   void sessions_evicted(std::size_t n) { sessions_evicted_->Increment(static_cast<double>(n)); }
   // A request waited before its body was read because --max-held-body-bytes were held.
@@ -251,6 +253,7 @@ class RouterMetrics {
   prometheus::Gauge* index_entries_;
   prometheus::Gauge* index_bytes_;
   prometheus::Gauge* sessions_;
+  prometheus::Gauge* session_own_context_;
   prometheus::Counter* sessions_evicted_;
   prometheus::Counter* body_budget_waits_;
   prometheus::Gauge* held_body_bytes_;

@@ -163,6 +163,7 @@ void Router::context(const RoutableRequest& request, std::vector<policy::WorkerV
   }
   ctx.random = mix(ctx.sequence);
   ctx.fleet_tail_ttft_s = ttft_tail_.value();
+  ctx.session_context_tokens = session_context_.value();
   if (policy_->uses_prefix_match()) {
     match_prefix(request, match);
     ctx.match = &match;
@@ -178,6 +179,7 @@ void Router::context(const RoutableRequest& request, std::vector<policy::WorkerV
       if (views[i].id == *bound) ctx.preferred = i;
     }
     ctx.opens_session = !ctx.preferred;
+    if (ctx.preferred && ctx.match) session_context_.add(policy::own_context_tokens(ctx));
   } else if (auto* shared = shared_.load(std::memory_order_acquire)) {
     shared->lookup_session(session.hash);  // another replica may have bound it: known for the next turn
     ctx.opens_session = shared->up();

@@ -470,6 +470,7 @@ void Router::publish_sessions() {
     for (const auto& w : *workers) counts.push_back(counted_sessions(w->id()));
   }
   metrics_.set_sessions(total);
+  metrics_.set_session_own_context(session_context_.value());
   for (std::size_t i = 0; i < workers->size(); ++i) {
     if (auto s = metrics_.worker((*workers)[i]->id())) s->sessions->Set(counts[i]);
   }

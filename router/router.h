@@ -264,6 +264,8 @@ class Router {
   policy::RateLearner learner_;
   // The TTFTs of the fleet's recent first tokens, for kv_cost's tail price (RoutingContext::fleet_tail_ttft_s).
   policy::RecentQuantile ttft_tail_{policy::kFleetTailWindow, policy::kFleetTailQuantile};
+  // The largest own context of the recent later turns of sessions (RoutingContext::session_context_tokens).
+  policy::RecentQuantile session_context_{policy::kFleetTailWindow, 1.0, 20, 1};
   CachePools cache_pools_;  // each pool's capacity as one cache, for kvroute_fleet_cache_hit_tokens_total
   std::atomic<std::uint64_t> sequence_{0};
 

@@ -1031,6 +1031,34 @@ TEST(RouterE2E, KvCostSpreadsNewSessionsEvenly) {
   EXPECT_EQ(metric_sum(metrics, "kvroute_sessions"), 6);
 }
 
+// Sessions over one shared document that add little to it: once later turns show how little they keep of their
+// own (kvroute_session_own_context_tokens), a new session opens on a holder of the document though the holders
+// have more sessions than the mean, instead of copying the document to the worker with none.
+TEST(RouterE2E, KvCostKeepsNewSessionsOnTheDocumentsHoldersWhenSessionsAddLittleToIt) {
+  Fleet fleet(3, {"--policy", "kv_cost"});
+  std::string document;
+  for (int i = 0; i < 300; ++i) document += "document paragraph " + std::to_string(i) + " of the manual. ";
+  auto send = [&](const std::string& suffix, const std::string& session) {
+    json::object body{{"model", "qwen3-8b"}, {"prompt", document + suffix}, {"max_tokens", 2}};
+    auto r = http(fleet.api(), "POST", "/v1/completions", json::serialize(body), {{"x-session-id", session}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.header("x-kvroute-worker");
+  };
+  const std::string first = send(" question a", "chat-a");
+  const std::string second = send(" question b", "chat-b");  // its holder has more than the mean: a copy
+  EXPECT_NE(second, first);
+  auto own_context = [&] {
+    return metric_sum(http(fleet.admin(), "GET", "/metrics").body, "kvroute_session_own_context_tokens");
+  };
+  EXPECT_EQ(own_context(), 0);  // no later turn yet
+  for (int n = 0; n < 20; ++n) EXPECT_EQ(send(" question a, follow-up " + std::to_string(n), "chat-a"), first);
+  const double own = own_context();
+  EXPECT_GT(own, 0);
+  EXPECT_LT(own, 100);  // the follow-up and its answer: the document is held by another worker too
+  const std::string third = send(" question c", "chat-c");
+  EXPECT_TRUE(third == first || third == second) << third;
+}
+
 // --max-sessions bounds the bindings: the least recently used one is forgotten, counted, and its next request
 // is routed afresh, while the bindings in use stay.
 TEST(RouterE2E, SessionBindingsAreBounded) {

@@ -393,6 +393,43 @@ TEST(KvCost, ASessionDoesNotOpenByCopyingItsPrefixIntoACacheFullOfReusedBlocks) 
   EXPECT_EQ(p->pick(s.context())->worker, 1u);
 }
 
+// Of a later turn, what the session keeps on its worker alone: the prompt and expected output less the longest
+// match on any other worker.
+TEST(OwnContextTokens, ThePromptAndOutputLessTheLongestMatchElsewhere) {
+  Scene s(3);
+  s.match.blocks = {10, 6, 2};
+  s.context();
+  s.ctx.max_tokens = 100;
+  EXPECT_EQ(own_context_tokens(s.ctx), 0.0);  // not a later turn
+  s.ctx.preferred = 0;
+  EXPECT_EQ(own_context_tokens(s.ctx), 1000.0 + 100 - 600);
+  s.ctx.preferred = 1;
+  EXPECT_EQ(own_context_tokens(s.ctx), 100.0);  // worker 0 holds the whole prompt
+}
+
+// A session opens on the prefix's holder with more sessions than the mean while the excess sessions' own contexts
+// (RoutingContext::session_context_tokens each) take less KV than copying the prefix, and the holder has room for
+// this session's beside its reused blocks; otherwise on the worker with the fewest sessions, as before.
+TEST(KvCost, ASessionOpensOnTheHolderWhileItsExcessSessionsTakeLessKvThanACopy) {
+  auto p = make("kv_cost");
+  Scene s(3);
+  for (auto& w : s.workers) w.capacity_blocks = 1000;
+  s.match.blocks = {8, 0, 0};  // an 800-token document on worker 0
+  s.workers[0].sessions = 5;
+  s.workers[1].sessions = 1;   // mean 2: worker 0 has 3 more
+  s.context();
+  s.ctx.opens_session = true;
+  EXPECT_EQ(p->pick(s.ctx)->worker, 2u);  // no later turn seen yet
+  s.ctx.session_context_tokens = 250;      // 3 x 250 < 800
+  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
+  s.ctx.session_context_tokens = 300;  // 3 x 300 > 800
+  EXPECT_EQ(p->pick(s.ctx)->worker, 2u);
+  s.ctx.session_context_tokens = 250;
+  s.workers[0].reused_blocks = 998;  // 200 tokens of room, not the 250 the session is taken to keep
+  s.context();
+  EXPECT_EQ(p->pick(s.ctx)->worker, 2u);
+}
+
 // A long prompt's session does not open on the least bound holder when its first turn there would enter the
 // fleet's TTFT tail and that holder has more than the mean requests in flight: it opens on another holder. Without
 // the tail known, for a short prompt, or with the holder no busier than the mean, the fewest sessions decide.

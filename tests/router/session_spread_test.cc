@@ -25,10 +25,11 @@ class SessionSpreadTest : public testing::Test {
   }
   // One turn: a prompt of a 256-token prefix every request shares, then a few tokens of its own; routed and
   // completed at once, so no worker has a request in flight when the next one is routed.
-  hashing::WorkerId turn(std::string_view session, int n) {
+  // `own`: how many tokens of its own the prompt has after the shared prefix.
+  hashing::WorkerId turn(std::string_view session, int n, int own = 16) {
     std::string body = R"({"model":"m","max_tokens":4,"prompt":[)";
     for (int t = 0; t < 256; ++t) body += std::to_string(1000 + t) + ",";
-    for (int t = 0; t < 16; ++t) body += std::to_string(100000 + 100 * n + t) + (t + 1 < 16 ? "," : "");
+    for (int t = 0; t < own; ++t) body += std::to_string(100000 + 10000 * n + t) + (t + 1 < own ? "," : "");
     body += "]}";
     auto parsed = parse_request(Endpoint::kCompletions, body, RequestHeaders{session, {}, {}}, ParseOptions{});
     EXPECT_TRUE(parsed) << parsed.error().message;
@@ -64,6 +65,33 @@ TEST_F(SessionSpreadTest, NewSessionsSpreadEvenlyThoughOneWorkerHoldsTheirPrefix
   const hashing::WorkerId first = router_->session_worker("chat-0").value();
   EXPECT_EQ(turn("chat-0", 20), first);
   EXPECT_EQ(router_->sessions_bound(first), 2u);
+}
+
+// Once later turns show what sessions keep of their own beyond the shared prefix, a session opens on a holder of
+// that prefix with more sessions than the mean while those excess sessions' own contexts (taken at the largest
+// seen) take less KV than a copy of the prefix: here 20 tokens of their own against a 256-token prefix.
+// Sessions whose later turns carry far more of their own than the prefix spread as before.
+class SharedPrefixSessionTest : public SessionSpreadTest {
+ protected:
+  // Two sessions open (the second copies the prefix: its holder has more than the mean, 1/3), the first has 20
+  // later turns with `own` tokens of its own each, and a third opens: whether on one of the prefix's two holders.
+  bool third_opens_on_a_holder(int own) {
+    start(3);
+    const hashing::WorkerId first = turn("a", 0);
+    const hashing::WorkerId second = turn("b", 1);
+    EXPECT_NE(second, first);
+    for (int n = 0; n < 20; ++n) EXPECT_EQ(turn("a", 100 + n, own), first);
+    const hashing::WorkerId third = turn("c", 2);
+    return third == first || third == second;
+  }
+};
+
+TEST_F(SharedPrefixSessionTest, ASessionOpensOnTheHolderWhileSessionsAddLittleToThePrefix) {
+  EXPECT_TRUE(third_opens_on_a_holder(16));  // excess 1/3 x 20 tokens < 256
+}
+
+TEST_F(SharedPrefixSessionTest, SessionsThatKeepMoreThanThePrefixStillSpread) {
+  EXPECT_FALSE(third_opens_on_a_holder(2000));  // 1/3 x ~2000 tokens > 256: the worker with no session
 }
 
 TEST_F(SessionSpreadTest, EvictedAndExpiredBindingsNoLongerCount) {
