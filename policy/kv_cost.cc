@@ -260,15 +260,19 @@ class KvCost final : public RoutingPolicy {
     return w.decode_step_s + w.decode_step_per_token_s * (static_cast<double>(ctx.prompt_tokens) + out / 2);
   }
 
-  // Whether worker i has room for the blocks of the `most_matched` prefix it lacks without evicting blocks that were
-  // hit again (its capacity less its reused blocks); true when it holds the prefix or its capacity is unknown.
-  static bool copy_fits(const RoutingContext& ctx, std::size_t i, std::uint64_t most_matched) {
-    const WorkerView& w = ctx.workers[i];
-    const std::uint64_t matched = ctx.matched_tokens(i);
-    if (matched >= most_matched || w.capacity_blocks == 0) return true;
+  // Whether worker w's cache has room for `tokens` more without evicting blocks that were hit again (its capacity
+  // less its reused blocks); true when its capacity is unknown.
+  static bool room_for(const RoutingContext& ctx, const WorkerView& w, double tokens) {
+    if (w.capacity_blocks == 0) return true;
     const double tpb = ctx.tokens_per_block > 0 ? ctx.tokens_per_block : 16.0;
-    const double copy_blocks = std::ceil(static_cast<double>(most_matched - matched) / tpb);
-    return static_cast<double>(w.reused_blocks) + copy_blocks <= static_cast<double>(w.capacity_blocks);
+    return static_cast<double>(w.reused_blocks) + std::ceil(tokens / tpb) <= static_cast<double>(w.capacity_blocks);
+  }
+
+  // Whether worker i has room for the blocks of the `most_matched` prefix it lacks (room_for); true when it holds
+  // the prefix.
+  static bool copy_fits(const RoutingContext& ctx, std::size_t i, std::uint64_t most_matched) {
+    const std::uint64_t matched = ctx.matched_tokens(i);
+    return matched >= most_matched || room_for(ctx, ctx.workers[i], static_cast<double>(most_matched - matched));
   }
 
   // Whether a session may open on a holder of its prefix with `excess` sessions more than the fleet's mean bound
@@ -286,12 +290,10 @@ class KvCost final : public RoutingPolicy {
     if (ctx.session_context_tokens <= 0) return false;
     const double own = ctx.session_context_tokens;
     if (excess * own > copy) return false;
-    const double tpb = ctx.tokens_per_block > 0 ? ctx.tokens_per_block : 16.0;
     for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
       const WorkerView& w = ctx.workers[i];
       if (!w.healthy || static_cast<double>(ctx.matched_tokens(i)) < copy || w.sessions != least_held) continue;
-      const double room = (static_cast<double>(w.capacity_blocks) - static_cast<double>(w.reused_blocks)) * tpb;
-      if (w.capacity_blocks == 0 || own <= room) return true;
+      if (room_for(ctx, w, own)) return true;
     }
     return false;
   }
