@@ -347,6 +347,8 @@ class FleetSim {
     policy::RecentQuantile tail{policy::kFleetTailWindow, policy::kFleetTailQuantile};
     // The own contexts of this replica's sessions' later turns (RoutingContext::session_context_tokens).
     policy::RecentQuantile session_context{policy::kFleetTailWindow, 1.0, 20, 1};
+    // The means of this replica's completed requests' latencies (RoutingContext::fleet_means).
+    policy::RecentLatencies latencies;
     std::vector<RouterLoad> load;             // by worker
     std::vector<policy::LoadShare> remote;    // by worker: the sum of the others' load as last read
     std::vector<double> remote_at;            // by worker: the time `remote` is as of (policy::queued_at)
@@ -508,6 +510,7 @@ class FleetSim {
     f.first_token = t;
     f.cached = cached;
     rep.tail.add(t - f.arrival);
+    rep.latencies.first_token(t - f.arrival);
     l.pending_prefill -= std::min(l.pending_prefill, f.predicted_uncached);
     l.prefill_queue.remove(id, /*first_token=*/true, t);
     // The router sees a streamed first token: when the worker's event stored the last block this request
@@ -555,6 +558,7 @@ class FleetSim {
     obs.estimated_ttft_s = f.uncorrected_estimate;
     obs.estimated_itl_s = f.itl_estimate;
     rep.learner.observe(w, obs);
+    rep.latencies.completed(obs.itl_s, t - f.arrival);
   }
 
   void kv_event(WorkerId w, Delivery::Kind kind, sim::Medium m, std::span<const std::uint64_t> h, double t) {
@@ -791,6 +795,7 @@ class FleetSim {
     ctx.random = mix(o_.seed, r.id);
     ctx.fleet_tail_ttft_s = rep.tail.value();
     ctx.session_context_tokens = rep.session_context.value();
+    ctx.fleet_means = {rep.latencies.ttft.value(), rep.latencies.itl.value(), rep.latencies.e2e.value()};
     if (preferred && uses_match_) rep.session_context.add(policy::own_context_tokens(ctx));
     const std::optional<policy::Pick> pick = policy_.pick(ctx);
     const auto t1 = std::chrono::steady_clock::now();

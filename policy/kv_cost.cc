@@ -35,9 +35,17 @@
 //            + n x s x copy                          the copy's prefill (the tokens some other worker holds,
 //                                                      recomputed here) delays each of them still decoding then,
 //                                                      s = max(0, 1 - queue / (out x step)) of the n
+//   others'  = the same per step: beta x n x d + n x s x copy / out     (summed over the n's inter-token latencies)
+//   own      = step0 + step_per_token x max(decoding context + T + out / 2, (n + 1) x (T + out / 2))
+//                                                      this request's own inter-token latency at the batch it
+//                                                      joins; step0 and step_per_token the candidates' means
 //   tail     = for prompts of 24K tokens or more: 10 x max(0, TTFT - the fleet's recent p97 TTFT)
-//   cost     = TTFT x (1 + TTFT / 5 s) + alpha x (evict + dup x (r x (1 + 4 TTFT / 5 s) + idle / 25 ms))
-//              + others + tail
+//   cost     = TTFT x (1 + TTFT / 5 s) x (1 + Tm / Em) + (Tm / Im) x (own + others')
+//              + (Tm / Em) x (out x own + others)
+//              + alpha x (evict + dup x (r x (1 + 4 TTFT / 5 s) + idle / 25 ms)) + tail
+//              Tm, Im, Em: the means of the fleet's recent TTFT, inter-token and end-to-end latency; the cost is
+//              the request's effect on each of those means as a share of it (Terms::cost). Before they are
+//              known: TTFT x (1 + TTFT / 5 s) + others + the cache terms.
 //
 // The TTFT part of the cost is convex: a second of queueing costs 1 + 2 TTFT / 5 s, so a long prompt (whose
 // TTFT is seconds, and which sets the p99) goes where it starts soonest, while for short requests the cache
@@ -159,17 +167,36 @@ class KvCost final : public RoutingPolicy {
     // already takes, so long prompts, which set the p99, go where they start soonest, while for short requests
     // the cache terms still decide. The duplicate term scales with the reuse share of the worker's cache and
     // TTFT (kDuplicateTailWeight), and with the fleet's shortest prefill queue, `idle_queue_s` (kFleetBusySeconds).
-    double cost(const PolicyOptions& o, double idle_queue_s) const {
+    // The decode side, in seconds: `others` what the request adds to the end-to-end latency of the requests in
+    // flight there, `others_itl` to their inter-token latencies (summed over them), `own_itl` the request's own
+    // inter-token latency at the batch it joins. Weighed by the fleet's means (see cost()).
+    double others_itl = 0, own_itl = 0, out = 0;
+    // The cost weighs the request's effect on each mean users see, as a share of that mean: a second of TTFT
+    // moves the fleet's mean TTFT by 1 / N seconds, N requests, which is (1 / N) / TTFT-mean of it, and its mean
+    // end-to-end latency by (1 / N) / E2E-mean; a second more of inter-token latency, on this request or summed
+    // over others, moves the mean ITL by (1 / N) / ITL-mean; the request's decode (out x own_itl) and the others'
+    // delay move the mean end-to-end latency. Scaled by N x TTFT-mean to stay in seconds of TTFT:
+    //   TTFT-price x (1 + T/E) + (T/I) x (own_itl + others_itl) + (T/E) x (out x own_itl + others)
+    // with T, I, E the fleet's recent means (RoutingContext::fleet_means). The weights are the figures' own
+    // scales, learned online; no weight is fitted. Until the means are known: others in seconds, as one second
+    // of TTFT each (the end-to-end view alone).
+    double cost(const PolicyOptions& o, double idle_queue_s, const RoutingContext::FleetMeans& m) const {
       const double dup_scale =
           reuse * (1.0 + kDuplicateTailWeight * ttft / kTailSeconds) + idle_queue_s / kFleetBusySeconds;
-      return ttft * (1.0 + ttft / kTailSeconds) + o.alpha * (evict + dup * dup_scale) + others + tail;
+      const double cache = o.alpha * (evict + dup * dup_scale) + tail;
+      const double price = ttft * (1.0 + ttft / kTailSeconds);
+      if (!m.known()) return price + others + cache;
+      const double per_e2e = m.ttft_s / m.e2e_s, per_itl = m.ttft_s / m.itl_s;
+      return price * (1.0 + per_e2e) + per_itl * (own_itl + others_itl) + per_e2e * (out * own_itl + others) +
+             cache;
     }
   };
 
   // `most_matched`: the longest match any healthy worker has for this request (for the duplicate term);
-  // `step_per_token`: the candidates' mean decode-step time per context token (for the others' term), 0: the
-  // worker's own.
-  Terms terms(const RoutingContext& ctx, std::size_t i, double most_matched, double step_per_token = 0) const {
+  // `step_per_token`, `empty_step`: the candidates' mean decode-step time per context token and of an empty batch
+  // (for the decode terms); 0 and negative: the worker's own.
+  Terms terms(const RoutingContext& ctx, std::size_t i, double most_matched, double step_per_token = 0,
+              double empty_step = -1) const {
     const WorkerView& w = ctx.workers[i];
     const double tpb = ctx.tokens_per_block > 0 ? ctx.tokens_per_block : 16.0;
     const double P = std::max(w.prefill_tokens_per_s, 1.0);
@@ -222,13 +249,13 @@ class KvCost final : public RoutingPolicy {
     // The copy: prefill seconds of the tokens some other worker holds but this one would recompute.
     const double copy = most_matched > matched ? prefill_seconds(most_matched - matched, matched, P) : 0.0;
     t.dup = kDuplicateWeight * copy;
-    // Seconds of others' latency count as seconds of this request's (weight 1). The requests' n is the router's
-    // own count, immediate (between two metric polls the reported `running` lags), or what the worker reports if
-    // more (requests another router sent). beta: a request running there is on average half way through its
-    // decode, so it shares min(its remaining steps, out) ~ out / 2 of this request's steps (PolicyOptions::beta).
-    // The request's own decode time (out x the step at the worker's batch) is not priced: the batch it will
-    // decode with is mostly requests not yet sent, and pricing the present one (weights 0.1-1) lost seeds of
-    // the workload family against leaving it out (docs/benchmarks.md, "What a request costs the others").
+    // Seconds of others' latency, weighed against this request's TTFT by the fleet's means (cost()). The requests'
+    // n is the router's own count, immediate (between two metric polls the reported `running` lags), or what the
+    // worker reports if more (requests another router sent). beta: a request running there is on average half way
+    // through its decode, so it shares min(its remaining steps, out) ~ out / 2 of this request's steps
+    // (PolicyOptions::beta). The request's own decode is priced at the batch it joins now (own_itl); priced in
+    // seconds of TTFT at weights 0.1-1, without the means, it lost seeds of the workload family
+    // (docs/benchmarks.md, "What a request costs the others"; "Each mean by its own scale").
     // The time a context token adds to a step is the candidates' mean: it is the model's KV bytes over the
     // GPUs' bandwidth, alike across one model's workers, while each router replica's per-worker value differs
     // with the completions it happened to learn from, and with 8 replicas those differences moved requests off
@@ -244,6 +271,21 @@ class KvCost final : public RoutingPolicy {
     // of p99 TTFT where no prefix is shared (docs/benchmarks.md, "What a copy takes from the requests decoding").
     const double decoding_share = std::max(0.0, 1.0 - queue / std::max(out * step, 1e-9));
     t.others = o_.beta * n * out * per_token * (T + out / 2) + n * decoding_share * copy;
+    // The same per step: each of the n has its step lengthened by per_token x (T + out / 2) for beta of its
+    // steps, and the copy's stall spread over its out steps.
+    t.others_itl = o_.beta * n * per_token * (T + out / 2) + n * decoding_share * copy / std::max(out, 1.0);
+    // This request's own step: an empty batch's step plus the context of the batch it joins. Both per-step times
+    // are the candidates' means, as above: a worker's own learned values differ with the completions it happened
+    // to see, and one never tried keeps its prior (a 20 ms step where the others learned 5 ms) and would look too
+    // slow to be tried (RouterE2E.NoWorkerStarvesUnderMixedLoad). The router counts the context of requests
+    // decoding there (active_decode_tokens) only from their first token, so a burst sent there since looks free;
+    // the n in flight are counted at least as this request's context each (the typical one, as above), so that a
+    // burst does not herd onto the worker whose last arrivals are still in prefill.
+    const double active = static_cast<double>(w.active_decode_tokens);
+    const double empty = empty_step >= 0 ? empty_step : std::max(0.0, w.decode_step_s - per_token * active);
+    const double context = T + out / 2;
+    t.own_itl = empty + per_token * std::max(active + context, (n + 1) * context);
+    t.out = out;
     if (T >= kLongPromptTokens && ctx.fleet_tail_ttft_s > 0) {
       t.tail = kTailPriceWeight * std::max(0.0, t.ttft - ctx.fleet_tail_ttft_s);
     }
@@ -300,15 +342,18 @@ class KvCost final : public RoutingPolicy {
 
   std::optional<Pick> pick(const RoutingContext& ctx) const override {
     // The longest match any healthy worker has (for the duplicate term), the shortest prefill queue, the mean
-    // decode-step time per context token and the mean requests in flight.
+    // decode-step time per context token and of an empty batch, and the mean requests in flight.
     std::uint64_t most_matched = 0;
-    double idle_queue_s = std::numeric_limits<double>::infinity(), step_per_token = 0, mean_in_flight = 0;
+    double idle_queue_s = std::numeric_limits<double>::infinity(), step_per_token = 0, empty_step = 0,
+           mean_in_flight = 0;
     std::size_t healthy = 0;
     for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
       const WorkerView& w = ctx.workers[i];
       if (!w.healthy) continue;
       ++healthy;
       step_per_token += w.decode_step_per_token_s;
+      const double active = static_cast<double>(w.active_decode_tokens);
+      empty_step += std::max(0.0, w.decode_step_s - w.decode_step_per_token_s * active);
       mean_in_flight += w.in_flight;
       most_matched = std::max(most_matched, ctx.matched_tokens(i));
       const double queue_s = static_cast<double>(w.pending_prefill_tokens) / std::max(w.prefill_tokens_per_s, 1.0);
@@ -316,6 +361,7 @@ class KvCost final : public RoutingPolicy {
     }
     if (healthy > 0) {
       step_per_token /= static_cast<double>(healthy);
+      empty_step /= static_cast<double>(healthy);
       mean_in_flight /= static_cast<double>(healthy);
     }
     // A session opens on a worker holding the longest prefix of its prompt any worker holds while the least bound
@@ -349,8 +395,8 @@ class KvCost final : public RoutingPolicy {
       // tokens, 85 % of the fleet's KV capacity): openings copied documents 63 times and the evictions ran the fleet
       // into recomputing (mean TTFT 19x e2's; 7x without those copies). The prefix's holders always have room.
       if (ctx.opens_session && !copy_fits(ctx, i, most_matched)) continue;
-      const Terms t = terms(ctx, i, static_cast<double>(most_matched), step_per_token);
-      const double c = t.cost(o_, idle_queue_s);
+      const Terms t = terms(ctx, i, static_cast<double>(most_matched), step_per_token, empty_step);
+      const double c = t.cost(o_, idle_queue_s, ctx.fleet_means);
       // A request opening a session goes to a worker with the fewest live sessions bound (of the prefix's holders,
       // above), then the fewest requests in flight, then the cheapest. Its pick binds the session's later turns,
       // whose load is unknown now but alike in expectation for every session, so the sessions themselves are what

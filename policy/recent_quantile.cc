@@ -30,4 +30,27 @@ void RecentQuantile::add(double v) {
   value_.store(scratch_[k], std::memory_order_relaxed);
 }
 
+RecentMean::RecentMean(std::size_t window, std::size_t min_values)
+    : window_(std::max<std::size_t>(window, 1)), min_values_(std::max<std::size_t>(min_values, 1)) {
+  ring_.reserve(window_);
+}
+
+void RecentMean::add(double v) {
+  if (!std::isfinite(v)) return;
+  std::lock_guard lock(mu_);
+  if (ring_.size() < window_) {
+    ring_.push_back(v);
+    sum_ += v;
+  } else {
+    sum_ += v - ring_[next_];
+    ring_[next_] = v;
+    next_ = (next_ + 1) % window_;
+  }
+  if (++added_ % window_ == 0) {
+    sum_ = 0;
+    for (const double x : ring_) sum_ += x;
+  }
+  if (ring_.size() >= min_values_) value_.store(sum_ / static_cast<double>(ring_.size()), std::memory_order_relaxed);
+}
+
 }  // namespace kvroute::policy

@@ -1,6 +1,7 @@
 // RecentQuantile: a quantile of the last `window` values added, recomputed every `every` additions so that
 // reading it costs a load. The router and the fleet simulator keep one over the TTFTs they observe: kv_cost's
-// tail price (policy/kv_cost.cc) reads the fleet's recent tail from it.
+// tail price (policy/kv_cost.cc) reads the fleet's recent tail from it. RecentMean: the mean of the last
+// `window` values, for the scales kv_cost weighs its terms with (RoutingContext::fleet_means).
 //
 //   RecentQuantile tail(kFleetTailWindow, kFleetTailQuantile);
 //   tail.add(ttft_s);                  // each first token
@@ -41,6 +42,44 @@ class RecentQuantile {
   std::size_t next_ = 0;         // guarded by mu_: where the next value goes once the ring is full
   std::size_t added_ = 0;        // guarded by mu_
   std::atomic<double> value_{0.0};
+};
+
+class RecentMean {
+ public:
+  // value() stays 0 until `min_values` values were added.
+  explicit RecentMean(std::size_t window, std::size_t min_values = 100);
+
+  void add(double v);
+  double value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  const std::size_t window_;
+  const std::size_t min_values_;
+  std::mutex mu_;
+  std::vector<double> ring_;  // guarded by mu_
+  std::size_t next_ = 0;      // guarded by mu_
+  std::size_t added_ = 0;     // guarded by mu_
+  double sum_ = 0;            // guarded by mu_: of ring_, summed afresh once per window (no drift)
+  std::atomic<double> value_{0.0};
+};
+
+// How many values a mean of latencies needs before kv_cost weighs with it: latencies spread about as widely as
+// their mean (coefficient of variation ~1), so the mean of n has a relative standard error of about 1 / sqrt(n);
+// the smallest n that keeps it within 15 %, the median error allowed to kv_cost's own TTFT estimates
+// (docs/benchmarks.md, the calibration bound), is ceil(1 / 0.15^2) = 45.
+inline constexpr std::size_t kKnownMeanValues = 45;
+
+// The means kv_cost weighs with (RoutingContext::fleet_means), over the last kFleetTailWindow requests.
+struct RecentLatencies {
+  RecentMean ttft{kFleetTailWindow, kKnownMeanValues}, itl{kFleetTailWindow, kKnownMeanValues},
+      e2e{kFleetTailWindow, kKnownMeanValues};
+  // A first token, at once: a mean taken at completion would lag the queue by the decode times.
+  void first_token(double ttft_s) { ttft.add(ttft_s); }
+  // A completed request: its inter-token latency (<= 0: none, a single output token) and end-to-end latency.
+  void completed(double itl_s, double e2e_s) {
+    if (itl_s > 0) itl.add(itl_s);
+    e2e.add(e2e_s);
+  }
 };
 
 }  // namespace kvroute::policy

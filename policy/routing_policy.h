@@ -181,6 +181,13 @@ struct RoutingContext {
   // The largest context of their own that sessions' later turns recently had (own_context_tokens(), over the
   // router's last kFleetTailWindow of them), 0 while unknown: kv_cost weighs a session opening's balance with it.
   double session_context_tokens = 0;
+  // The means of the fleet's recent TTFTs (at first tokens), inter-token and end-to-end latencies (at completions;
+  // policy/recent_quantile.h, RecentLatencies), 0 while unknown: the scales kv_cost weighs a decision's effect on
+  // each of them with.
+  struct FleetMeans {
+    double ttft_s = 0, itl_s = 0, e2e_s = 0;
+    bool known() const { return ttft_s > 0 && itl_s > 0 && e2e_s > 0; }
+  } fleet_means;
   // The request carries a session key that is bound to no worker yet: the worker it goes to keeps the session's
   // later turns (session affinity), so the pick commits more than this request.
   bool opens_session = false;

@@ -153,6 +153,10 @@ RouterMetrics::RouterMetrics()
   index_bytes_ = gauge(*registry_, "kvroute_index_bytes", "Memory held by the prefix index");
   sessions_ = gauge(*registry_, "kvroute_sessions", "Session bindings held");
   session_own_context_ = gauge(*registry_, "kvroute_session_own_context_tokens", "Largest context of their own (beyond what other workers hold) that recent later turns of sessions had; kv_cost keeps a new session on its prefix's holder while the holder's sessions beyond the mean, at this size, take less KV than copying the prefix");
+  auto& means = gauges(*registry_, "kvroute_fleet_mean_seconds", "Means of the recent streamed requests' TTFT, inter-token latency and end-to-end latency (figure); kv_cost weighs a decision's effect on each by it; 0 until 45 were seen");
+  fleet_mean_ttft_ = &means.Add({{"figure", "ttft"}});
+  fleet_mean_itl_ = &means.Add({{"figure", "itl"}});
+  fleet_mean_e2e_ = &means.Add({{"figure", "e2e"}});
   sessions_evicted_ = counter(*registry_, "kvroute_sessions_evicted_total", "Session bindings forgotten before their TTL because --max-sessions were held");
   held_body_bytes_ = gauge(*registry_, "kvroute_held_body_bytes", "Request body bytes held now, counted against --max-held-body-bytes");
   body_budget_waits_ = counter(*registry_, "kvroute_body_budget_waits_total", "Requests whose body waited, unread, because --max-held-body-bytes of bodies were held");

@@ -160,6 +160,12 @@ class RouterMetrics {
   void set_sessions(std::size_t n) { sessions_->Set(static_cast<double>(n)); }
   // The largest own context of the recent later turns of sessions (RoutingContext::session_context_tokens).
   void set_session_own_context(double tokens) { session_own_context_->Set(tokens); }
+  // The means kv_cost weighs its terms with (RoutingContext::fleet_means), 0 while unknown.
+  void set_fleet_means(double ttft_s, double itl_s, double e2e_s) {
+    fleet_mean_ttft_->Set(ttft_s);
+    fleet_mean_itl_->Set(itl_s);
+    fleet_mean_e2e_->Set(e2e_s);
+  }
   // Session bindings forgotten, still live, because --max-sessions were held.
   void sessions_evicted(std::size_t n) { sessions_evicted_->Increment(static_cast<double>(n)); }
   // A request waited before its body was read because --max-held-body-bytes were held.
@@ -254,6 +260,9 @@ class RouterMetrics {
   prometheus::Gauge* index_bytes_;
   prometheus::Gauge* sessions_;
   prometheus::Gauge* session_own_context_;
+  prometheus::Gauge* fleet_mean_ttft_;
+  prometheus::Gauge* fleet_mean_itl_;
+  prometheus::Gauge* fleet_mean_e2e_;
   prometheus::Counter* sessions_evicted_;
   prometheus::Counter* body_budget_waits_;
   prometheus::Gauge* held_body_bytes_;

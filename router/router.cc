@@ -244,7 +244,10 @@ void Router::first_byte(Decision& d) {
   // computed, against now, tells when the worker makes blocks hits (hashing/computing_prefixes.h).
   computing_done(d, d.streamed);
   if (d.worker->removed() || d.background) return;  // removed: its id may be another worker's (complete())
-  if (d.streamed) ttft_tail_.add(d.ttft_s);  // only a streamed response's first byte is its first token
+  if (d.streamed) {  // only a streamed response's first byte is its first token
+    ttft_tail_.add(d.ttft_s);
+    latencies_.first_token(d.ttft_s);
+  }
   metrics_.ttft(d.worker->id(), d.ttft_s, d.status);  // an error body's first byte is no token
 }
 
@@ -298,6 +301,7 @@ void Router::complete(Decision& d, const Outcome& outcome) {
     obs.estimated_ttft_s = d.estimated_ttft_s;
     obs.estimated_itl_s = d.pick.itl_estimate_s;
     learner_.observe(d.worker->id(), obs);
+    latencies_.completed(obs.itl_s, total);
     metrics_.estimate_ratio(obs.ttft_s, d.reported_ttft_s, obs.itl_s, obs.estimated_itl_s);
   }
   if (auto s = metrics_.worker(d.worker->id())) {
@@ -471,6 +475,7 @@ void Router::publish_sessions() {
   }
   metrics_.set_sessions(total);
   metrics_.set_session_own_context(session_context_.value());
+  metrics_.set_fleet_means(latencies_.ttft.value(), latencies_.itl.value(), latencies_.e2e.value());
   for (std::size_t i = 0; i < workers->size(); ++i) {
     if (auto s = metrics_.worker((*workers)[i]->id())) s->sessions->Set(counts[i]);
   }

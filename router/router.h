@@ -266,6 +266,8 @@ class Router {
   policy::RecentQuantile ttft_tail_{policy::kFleetTailWindow, policy::kFleetTailQuantile};
   // The largest own context of the recent later turns of sessions (RoutingContext::session_context_tokens).
   policy::RecentQuantile session_context_{policy::kFleetTailWindow, 1.0, 20, 1};
+  // The means of recent streamed completions' TTFT, ITL and end-to-end latency (RoutingContext::fleet_means).
+  policy::RecentLatencies latencies_;
   CachePools cache_pools_;  // each pool's capacity as one cache, for kvroute_fleet_cache_hit_tokens_total
   std::atomic<std::uint64_t> sequence_{0};
 

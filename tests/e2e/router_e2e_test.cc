@@ -339,6 +339,14 @@ TEST(RouterE2E, NoWorkerStarvesUnderMixedLoad) {
   }
   const double checked = counter_reaching(fleet.admin(), "kvroute_estimate_ratio_count{estimate=\"ttft\"}", 50);
   EXPECT_GE(checked, 50);
+  // The means kv_cost weighs with are known by now (kvroute_fleet_mean_seconds), the end-to-end one above the TTFT's.
+  const std::string metrics = http(fleet.admin(), "GET", "/metrics").body;
+  const double ttft = metric_sum(metrics, "kvroute_fleet_mean_seconds{figure=\"ttft\"}");
+  const double itl = metric_sum(metrics, "kvroute_fleet_mean_seconds{figure=\"itl\"}");
+  const double e2e = metric_sum(metrics, "kvroute_fleet_mean_seconds{figure=\"e2e\"}");
+  EXPECT_GT(ttft, 0);
+  EXPECT_GT(itl, 0);
+  EXPECT_GT(e2e, ttft);
 }
 
 // The TTFT the router reports against what then happened, as an operator reads kvroute_estimate_ratio: the share

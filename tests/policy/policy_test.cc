@@ -281,6 +281,50 @@ TEST(KvCost, LeavesAPrefixHolderWhenItWouldSlowTheRequestsRunningThereMore) {
   EXPECT_EQ(p->pick(s.context())->worker, 1u);
 }
 
+// Once the fleet's mean TTFT, inter-token and end-to-end latency are known, each second is weighed by the mean it
+// moves, as a share of that mean. Where the mean inter-token latency is long against the mean TTFT (a second of
+// TTFT is a larger share), the 100 requests running on the holder no longer outweigh recomputing the prefix:
+// the request stays. Where it is short (1 ms against a 1 s TTFT), 10 running there are enough to leave: the
+// request's own steps at the holder's batch and what it adds to theirs are a larger share of the mean ITL.
+TEST(KvCost, EachMeanWeighsTheSecondsThatMoveItByItsOwnScale) {
+  auto p = make("kv_cost");
+  Scene s = holder_and_other();
+  s.workers[0].in_flight = 100;
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);  // in seconds, as the test above
+  s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 1.0, .e2e_s = 1000.0};
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  s.workers[0].in_flight = 10;
+  s.ctx.fleet_means = {};
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 0.001, .e2e_s = 10.0};
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+}
+
+// The request's own inter-token latency counts the requests in flight on a worker at least as its own context each:
+// the router counts a request's context in the decode batch only from its first token, and a burst sent to a
+// worker since would otherwise leave it looking free. Two holders with 4 requests decoding; one has 1,000 context
+// tokens fewer decoding but 6 more requests in flight still in prefill. (beta 0: what the request adds to their
+// steps is left out.)
+TEST(KvCost, ABurstStillInPrefillCountsInTheBatchItsNextRequestJoins) {
+  PolicyOptions o;
+  o.beta = 0;
+  auto p = std::move(*make_policy("kv_cost", o));
+  Scene s = holder_and_other();
+  s.match.blocks = {8, 8};
+  s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 0.001, .e2e_s = 10.0};
+  for (auto& w : s.workers) {
+    w.active_decode_tokens = 5000;
+    w.in_flight = 4;
+    w.running = 4;
+    w.decode_step_s = 0.02 + 1e-6 * 5000;
+  }
+  s.workers[0].active_decode_tokens = 4000;
+  s.workers[0].decode_step_s = 0.02 + 1e-6 * 4000;
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);  // nothing in prefill: the smaller batch
+  s.workers[0].in_flight = 10;
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+}
+
 // The duplicate term prices what a copy of a prefix does to the cache it goes into (the space it takes, the hits
 // it splits) in proportion to how much of that cache holds blocks that are hit again: a copy onto a worker whose
 // cache holds nothing reused costs its prefill, and nothing more while some worker's prefill queue is empty.
@@ -688,6 +732,20 @@ TEST(RecentQuantile, QuantileOfTheLastWindowValues) {
   EXPECT_EQ(q.value(), 1096.0);
   for (int i = 0; i < 10; ++i) q.add(std::nan(""));  // not a value: ignored, nothing recomputed
   EXPECT_EQ(q.value(), 1096.0);
+}
+
+TEST(RecentMean, MeanOfTheLastWindowValues) {
+  RecentMean m(/*window=*/4, /*min_values=*/2);
+  m.add(1);
+  EXPECT_EQ(m.value(), 0.0);  // fewer than min_values
+  m.add(3);
+  EXPECT_EQ(m.value(), 2.0);
+  for (double v : {10.0, 20.0, 30.0, 40.0}) m.add(v);  // the window holds only these now
+  EXPECT_EQ(m.value(), 25.0);
+  m.add(std::nan(""));  // not a value: ignored
+  EXPECT_EQ(m.value(), 25.0);
+  m.add(50);  // 20..50
+  EXPECT_EQ(m.value(), 35.0);
 }
 
 // Replicas take turns only in bursts: three requests at once at a replica, burst after burst, tell it that the
