@@ -795,7 +795,7 @@ class FleetSim {
     ctx.random = mix(o_.seed, r.id);
     ctx.fleet_tail_ttft_s = rep.tail.value();
     ctx.session_context_tokens = rep.session_context.value();
-    ctx.fleet_means = {rep.latencies.ttft.value(), rep.latencies.itl.value(), rep.latencies.e2e.value()};
+    ctx.fleet_means = rep.latencies.means();
     if (preferred && uses_match_) rep.session_context.add(policy::own_context_tokens(ctx));
     const std::optional<policy::Pick> pick = policy_.pick(ctx);
     const auto t1 = std::chrono::steady_clock::now();

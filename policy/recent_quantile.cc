@@ -4,6 +4,22 @@
 #include <cmath>
 
 namespace kvroute::policy {
+namespace {
+
+// Puts v into `ring`, a window of at most `window` values whose oldest is at `next` once it is full; returns the
+// value v replaced, 0 while the window was filling.
+double push(std::vector<double>& ring, std::size_t& next, std::size_t window, double v) {
+  if (ring.size() < window) {
+    ring.push_back(v);
+    return 0.0;
+  }
+  const double replaced = ring[next];
+  ring[next] = v;
+  next = (next + 1) % window;
+  return replaced;
+}
+
+}  // namespace
 
 RecentQuantile::RecentQuantile(std::size_t window, double q, std::size_t every, std::size_t min_values)
     : window_(std::max<std::size_t>(window, 1)),
@@ -16,12 +32,7 @@ RecentQuantile::RecentQuantile(std::size_t window, double q, std::size_t every, 
 void RecentQuantile::add(double v) {
   if (!std::isfinite(v)) return;
   std::lock_guard lock(mu_);
-  if (ring_.size() < window_) {
-    ring_.push_back(v);
-  } else {
-    ring_[next_] = v;
-    next_ = (next_ + 1) % window_;
-  }
+  push(ring_, next_, window_, v);
   ++added_;
   if (added_ % every_ != 0 || ring_.size() < min_values_) return;
   scratch_.assign(ring_.begin(), ring_.end());
@@ -38,14 +49,7 @@ RecentMean::RecentMean(std::size_t window, std::size_t min_values)
 void RecentMean::add(double v) {
   if (!std::isfinite(v)) return;
   std::lock_guard lock(mu_);
-  if (ring_.size() < window_) {
-    ring_.push_back(v);
-    sum_ += v;
-  } else {
-    sum_ += v - ring_[next_];
-    ring_[next_] = v;
-    next_ = (next_ + 1) % window_;
-  }
+  sum_ += v - push(ring_, next_, window_, v);
   if (++added_ % window_ == 0) {
     sum_ = 0;
     for (const double x : ring_) sum_ += x;

@@ -15,6 +15,8 @@
 #include <mutex>
 #include <vector>
 
+#include "policy/routing_policy.h"
+
 namespace kvroute::policy {
 
 // The tail kv_cost prices: the 97th percentile of the last 4,000 first tokens. A window of a few thousand
@@ -80,6 +82,7 @@ struct RecentLatencies {
     if (itl_s > 0) itl.add(itl_s);
     e2e.add(e2e_s);
   }
+  RoutingContext::FleetMeans means() const { return {ttft.value(), itl.value(), e2e.value()}; }
 };
 
 }  // namespace kvroute::policy

@@ -164,7 +164,7 @@ void Router::context(const RoutableRequest& request, std::vector<policy::WorkerV
   ctx.random = mix(ctx.sequence);
   ctx.fleet_tail_ttft_s = ttft_tail_.value();
   ctx.session_context_tokens = session_context_.value();
-  ctx.fleet_means = {latencies_.ttft.value(), latencies_.itl.value(), latencies_.e2e.value()};
+  ctx.fleet_means = latencies_.means();
   if (policy_->uses_prefix_match()) {
     match_prefix(request, match);
     ctx.match = &match;

@@ -475,7 +475,8 @@ void Router::publish_sessions() {
   }
   metrics_.set_sessions(total);
   metrics_.set_session_own_context(session_context_.value());
-  metrics_.set_fleet_means(latencies_.ttft.value(), latencies_.itl.value(), latencies_.e2e.value());
+  const policy::RoutingContext::FleetMeans means = latencies_.means();
+  metrics_.set_fleet_means(means.ttft_s, means.itl_s, means.e2e_s);
   for (std::size_t i = 0; i < workers->size(); ++i) {
     if (auto s = metrics_.worker((*workers)[i]->id())) s->sessions->Set(counts[i]);
   }
