@@ -343,8 +343,6 @@ class FleetSim {
     std::unordered_map<std::uint64_t, std::pair<std::size_t, double>> sessions;  // session -> (worker, last use)
     policy::BurstStagger stagger;  // sharing: its own arrivals, to take turns with the others in bursts
     std::uint64_t sequence = 0;    // requests it routed (RoutingContext::sequence, as Router's sequence_)
-    // The TTFT tail kv_cost prices (policy/recent_quantile.h), over the first tokens of this replica's requests.
-    policy::RecentQuantile tail{policy::kFleetTailWindow, policy::kFleetTailQuantile};
     // The own contexts of this replica's sessions' later turns (RoutingContext::session_context_tokens).
     policy::RecentQuantile session_context{policy::kFleetTailWindow, 1.0, 20, 1};
     // The means of this replica's completed requests' latencies (RoutingContext::fleet_means).
@@ -509,7 +507,6 @@ class FleetSim {
     RouterLoad& l = rep.load[w];
     f.first_token = t;
     f.cached = cached;
-    rep.tail.add(t - f.arrival);
     rep.latencies.first_token(t - f.arrival);
     l.pending_prefill -= std::min(l.pending_prefill, f.predicted_uncached);
     l.prefill_queue.remove(id, /*first_token=*/true, t);
@@ -793,7 +790,6 @@ class FleetSim {
     // when they share state (the daemon knows its rank among them only then).
     ctx.sequence = policy::replica_sequence(rep.sequence++, replica, sharing_ ? reps_.size() : 1);
     ctx.random = mix(o_.seed, r.id);
-    ctx.fleet_tail_ttft_s = rep.tail.value();
     ctx.session_context_tokens = rep.session_context.value();
     ctx.fleet_means = rep.latencies.means();
     if (preferred && uses_match_) rep.session_context.add(policy::own_context_tokens(ctx));

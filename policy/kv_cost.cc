@@ -39,20 +39,23 @@
 //   own      = step0 + step_per_token x max(decoding context + T + out / 2, (n + 1) x (T + out / 2))
 //                                                      this request's own inter-token latency at the batch it
 //                                                      joins; step0 and step_per_token the candidates' means
-//   tail     = for prompts of 24K tokens or more: 10 x max(0, TTFT - the fleet's recent p97 TTFT)
-//   cost     = TTFT x (1 + TTFT / 5 s) x (1 + Tm / Em) + (Tm / Im) x (own + others')
+//   cost     = TTFT x (1 + TTFT / Em) x (1 + Tm / Em) + (Tm / Im) x (own + others')
 //              + (Tm / Em) x (out x own + others)
-//              + alpha x (evict + dup x (r x (1 + 4 TTFT / 5 s) + idle / 25 ms)) + tail
+//              + alpha x (evict + dup x (r x (1 + 4 TTFT / Em) + idle / 25 ms))
 //              Tm, Im, Em: the means of the fleet's recent TTFT, inter-token and end-to-end latency; the cost is
 //              the request's effect on each of those means as a share of it (Terms::cost). Before they are
-//              known: TTFT x (1 + TTFT / 5 s) + others + the cache terms.
+//              known: TTFT x (1 + TTFT / E0) + others + the cache terms, E0 the request's own end-to-end latency
+//              as expected on the candidates (their mean)
 //
-// The TTFT part of the cost is convex: a second of queueing costs 1 + 2 TTFT / 5 s, so a long prompt (whose
-// TTFT is seconds, and which sets the p99) goes where it starts soonest, while for short requests the cache
-// terms (evict, dup) still decide. This is a tail-aware objective, not a workload rule. The duplicate term
-// grows with the TTFT the request would have on the worker too (kDuplicateTailWeight): without that, the
-// convex TTFT cost moved long prompts off a busy worker holding part of their prefix for small gains, and
-// the copies they made evicted other prefixes (conversation trace at 1x the knee: hit rate 12.7 % -> 13.2 %).
+// The TTFT part of the cost is convex: a second of queueing costs 1 + 2 TTFT / Em, so a prompt whose wait alone
+// would be as long as a typical request's whole latency (a long prompt behind a long queue, which sets the
+// p99) goes where it starts soonest, while for short requests the cache terms (evict, dup) still decide. This is
+// a tail-aware objective, not a workload rule, and its scale is the fleet's own, learned online (it was a fitted
+// 5 s, with a separate price for prompts of 24K tokens or more waiting past the fleet's p97 TTFT; both went
+// together: docs/benchmarks.md, "The convex price on the fleet's own scale"). The duplicate term grows with the
+// TTFT the request would have on the worker too (kDuplicateTailWeight): without that, the convex TTFT cost moved
+// long prompts off a busy worker holding part of their prefix for small gains, and the copies they made evicted
+// other prefixes (conversation trace at 1x the knee: hit rate 12.7 % -> 13.2 %).
 // It grows with the load of the whole fleet as well (kFleetBusySeconds): a recomputation is paid for with GPU
 // time, which is free while some worker idles and taken from other requests once every worker has a queue.
 // The part that prices the copy itself (the cache space it takes and the hits it splits) is in proportion to
@@ -68,9 +71,8 @@
 // until its pool fills; the duplicate term, so a conversation is not moved off the worker holding its context for a
 // small queueing gain; attention-aware prefill times, also for the queue (a request holding a prefix no longer waits
 // 14 s behind a 190K prompt the estimate priced at 4 s); the convex TTFT cost; the queue of a worker behind a long
-// prefill counted with its progress and its attention to cached context, together with the tail price (the first
-// keeps conversations with their context at high load, the second keeps long prompts from waiting into the tail
-// while another worker would serve them sooner; either alone loses what the other wins); and dropping the old "stall
+// prefill counted with its progress and its attention to cached context (it keeps conversations with their
+// context at high load); and dropping the old "stall
 // of the worker's decode batch" term (beta x prefill time of m on any decoding worker), a cliff of several seconds
 // between an idle and a busy worker that sent long prompts to idle-decode workers with long prefill queues.
 //
@@ -96,11 +98,12 @@ constexpr double kChunkTokens = 8192.0;
 // capacity bound); 10 stops hot short prefixes (system prompts) from being replicated when their holders are
 // busy, which stacks chat sessions on a few workers.
 constexpr double kDuplicateWeight = 5.0;
-// The duplicate term is multiplied by 1 + kDuplicateTailWeight x TTFT / kTailSeconds (TTFT on the worker
+// The duplicate term is multiplied by 1 + kDuplicateTailWeight x TTFT / Em (TTFT on the worker
 // priced), so leaving a prefix's holder costs more the longer the request takes: it weighs as the convex TTFT
 // cost does, and a long prompt is moved off its prefix only for a proportionally larger gain. 4, tuned on the
 // benchmark (2: conversation hit rate at 1x the knee 13.1 %; 28 and more: 13.2-13.6 % at 1.25x but a
-// worse p99 at 0.75x than block_cost, where long prompts should go where they start soonest).
+// worse p99 at 0.75x than block_cost, where long prompts should go where they start soonest; measured with the
+// fitted 5 s scale the convex price had then).
 constexpr double kDuplicateTailWeight = 4.0;
 // The duplicate term is multiplied by a further 1 + (shortest prefill queue in the fleet) / kFleetBusySeconds:
 // when even the least-loaded worker has queued prefill, a copy of a prefix another worker holds delays the
@@ -110,8 +113,6 @@ constexpr double kDuplicateTailWeight = 4.0;
 // at 1.25x the knee from 12.5 % to 12.8 %. 50 ms and more leave the synthetic trace's p99 at the knee above
 // block_cost's; 12.5 ms and less cost a synthetic or conversation cell by a hair.
 constexpr double kFleetBusySeconds = 0.025;
-// Scale of the convex TTFT cost (Terms::cost): at a TTFT of kTailSeconds a second more counts three times.
-constexpr double kTailSeconds = 5.0;
 // The queue behind a long prefill. The router counts a pending request's uncached tokens in full until its
 // first token, however much of it is done, so it overstates a busy worker's queue: on the conversation trace at
 // 1.25x the knee, requests sent to a worker with 8K-128K tokens pending had a median real TTFT of 0.36-0.45 x
@@ -122,20 +123,9 @@ constexpr double kTailSeconds = 5.0;
 // first token, up to kProgressShare of the oldest one's estimate (the rest is left as a margin: estimates of
 // the longest prefills run short). Shorter prefills keep the plain estimate, which is why the generators,
 // whose prompts prefill in well under a second, are routed exactly as before. Shares of 0.2-0.7 were measured
-// (docs/benchmarks.md, eighth round); 0.5 is kept, with the tail price below.
+// (docs/benchmarks.md, eighth round); 0.5 is kept.
 constexpr double kLongPrefillSeconds = 1.0;
 constexpr double kProgressShare = 0.5;
-// The tail price: a long prompt (kLongPromptTokens or more) pays kTailPriceWeight per second its TTFT on a
-// worker would exceed the fleet's recent p97 TTFT (RoutingContext::fleet_tail_ttft_s). Such a prompt waiting
-// behind another long prefill for its cached prefix enters the tail, when recomputing it on a free worker
-// would stay below it (synthetic trace at 0.75x the knee: 62K-token prompts fully cached on a worker busy
-// with a 191K-token prefill). Short prompts never reach the tail by queueing alone at these loads, and
-// charging them moved saturated generator cells (weights 1-10 on every prompt: 13-16 of the 18 cells).
-// Weights 5, 10 and 20: synthetic p99 lower than both baselines at 8, 13 and 12 of 15 band loads,
-// conversation hit rate at 90 % of the capacity bound at 11, 12 and 10 of 12 (before this and the queue
-// change: 8 of 15 and 7 of 12).
-constexpr double kLongPromptTokens = 24000.0;
-constexpr double kTailPriceWeight = 10.0;
 
 class KvCost final : public RoutingPolicy {
  public:
@@ -145,7 +135,7 @@ class KvCost final : public RoutingPolicy {
   bool waits_for_computing_prefix() const override { return true; }
 
   struct Terms {
-    double ttft = 0, evict = 0, dup = 0, others = 0, tail = 0;
+    double ttft = 0, evict = 0, dup = 0, others = 0;
     double reuse = 1;  // r: the share of the worker's capacity holding blocks hit again (1: capacity unknown)
     // The TTFT expected, as reported (Pick::expected_ttft_s), which routing does not compare: `ttft` prices
     // the queue and the admission wait for routing's sake (a margin against overload), and leaves out the
@@ -163,7 +153,7 @@ class KvCost final : public RoutingPolicy {
     //    it is admitted at once. The routing term (the pool's turnover for the tokens queued ahead) had
     //    observed / estimated from 0.2 to 9 (10th-90th percentile) there: 0.85 without waiting, 2.4 with.
     double expected = 0;
-    // Convex in TTFT (ttft x (1 + ttft / kTailSeconds)): a second of queueing costs more the longer the request
+    // Convex in TTFT (ttft x (1 + ttft / E), see cost()): a second of queueing costs more the longer the request
     // already takes, so long prompts, which set the p99, go where they start soonest, while for short requests
     // the cache terms still decide. The duplicate term scales with the reuse share of the worker's cache and
     // TTFT (kDuplicateTailWeight), and with the fleet's shortest prefill queue, `idle_queue_s` (kFleetBusySeconds).
@@ -178,13 +168,17 @@ class KvCost final : public RoutingPolicy {
     // delay move the mean end-to-end latency. Scaled by N x TTFT-mean to stay in seconds of TTFT:
     //   TTFT-price x (1 + T/E) + (T/I) x (own_itl + others_itl) + (T/E) x (out x own_itl + others)
     // with T, I, E the fleet's recent means (RoutingContext::fleet_means). The weights are the figures' own
-    // scales, learned online; no weight is fitted. Until the means are known: others in seconds, as one second
-    // of TTFT each (the end-to-end view alone).
-    double cost(const PolicyOptions& o, double idle_queue_s, const RoutingContext::FleetMeans& m) const {
-      const double dup_scale =
-          reuse * (1.0 + kDuplicateTailWeight * ttft / kTailSeconds) + idle_queue_s / kFleetBusySeconds;
-      const double cache = o.alpha * (evict + dup * dup_scale) + tail;
-      const double price = ttft * (1.0 + ttft / kTailSeconds);
+    // scales, learned online; no weight is fitted. The TTFT price is convex on the scale of E, the fleet's mean
+    // end-to-end latency: a second of waiting costs 1 + 2 ttft / E, three times as much once the wait alone is as
+    // long as a typical request takes in all. Until the means are known: others in seconds, as one second of
+    // TTFT each (the end-to-end view alone), and E the request's own end-to-end latency as expected on the
+    // candidates (`prior_e2e_s`: the mean of its expected TTFT and decode there, pick()).
+    double cost(const PolicyOptions& o, double idle_queue_s, const RoutingContext::FleetMeans& m,
+                double prior_e2e_s) const {
+      const double scale = m.known() ? m.e2e_s : prior_e2e_s;
+      const double dup_scale = reuse * (1.0 + kDuplicateTailWeight * ttft / scale) + idle_queue_s / kFleetBusySeconds;
+      const double cache = o.alpha * (evict + dup * dup_scale);
+      const double price = ttft * (1.0 + ttft / scale);
       if (!m.known()) return price + others + cache;
       const double per_e2e = m.ttft_s / m.e2e_s, per_itl = m.ttft_s / m.itl_s;
       return price * (1.0 + per_e2e) + per_itl * (own_itl + others_itl) + per_e2e * (out * own_itl + others) +
@@ -286,9 +280,6 @@ class KvCost final : public RoutingPolicy {
     const double context = T + out / 2;
     t.own_itl = empty + per_token * std::max(active + context, (n + 1) * context);
     t.out = out;
-    if (T >= kLongPromptTokens && ctx.fleet_tail_ttft_s > 0) {
-      t.tail = kTailPriceWeight * std::max(0.0, t.ttft - ctx.fleet_tail_ttft_s);
-    }
     return t;
   }
 
@@ -380,10 +371,21 @@ class KvCost final : public RoutingPolicy {
       const double excess = static_cast<double>(least_held) - mean_sessions / static_cast<double>(healthy);
       holders_only = excess <= 0 || excess_below_copy(ctx, excess, static_cast<double>(most_matched), least_held);
     }
+    // Before the fleet's means are known, the convex price's scale is this request's own end-to-end latency as
+    // expected on the candidates (their mean): its expected TTFT and its output at the batch it would join.
+    double prior_e2e_s = 0;
+    if (!ctx.fleet_means.known() && healthy > 0) {
+      for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
+        if (!ctx.workers[i].healthy) continue;
+        const Terms t = terms(ctx, i, static_cast<double>(most_matched), step_per_token, empty_step);
+        prior_e2e_s += t.expected + t.out * t.own_itl;
+      }
+      prior_e2e_s = std::max(prior_e2e_s / static_cast<double>(healthy), 1e-3);
+    }
+    const double scale = ctx.fleet_means.known() ? ctx.fleet_means.e2e_s : prior_e2e_s;
     std::optional<std::size_t> best;
     double best_cost = std::numeric_limits<double>::infinity(), best_ttft = 0, best_expected = 0;
     bool best_overloaded = false;
-    const bool long_prompt = static_cast<double>(ctx.prompt_tokens) >= kLongPromptTokens;
     for (std::size_t k = 0; k < ctx.workers.size(); ++k) {
       const std::size_t i = (k + ctx.sequence) % ctx.workers.size();
       const WorkerView& w = ctx.workers[i];
@@ -396,7 +398,7 @@ class KvCost final : public RoutingPolicy {
       // into recomputing (mean TTFT 19x e2's; 7x without those copies). The prefix's holders always have room.
       if (ctx.opens_session && !copy_fits(ctx, i, most_matched)) continue;
       const Terms t = terms(ctx, i, static_cast<double>(most_matched), step_per_token, empty_step);
-      const double c = t.cost(o_, idle_queue_s, ctx.fleet_means);
+      const double c = t.cost(o_, idle_queue_s, ctx.fleet_means, prior_e2e_s);
       // A request opening a session goes to a worker with the fewest live sessions bound (of the prefix's holders,
       // above), then the fewest requests in flight, then the cheapest. Its pick binds the session's later turns,
       // whose load is unknown now but alike in expectation for every session, so the sessions themselves are what
@@ -404,13 +406,12 @@ class KvCost final : public RoutingPolicy {
       // agent sessions whose contexts later grew to 50-128K tokens on a few workers until their KV pools
       // overflowed. Requests in flight alone miss the sessions between two turns (an agent waiting for a tool has
       // none in flight), so they stay the tie-break (docs/benchmarks.md, "Where a session opens").
-      // Except that a long prompt's session (the tail price's scope) does not open where its first turn would enter
-      // the fleet's TTFT tail and more than the fleet's mean requests are in flight, while another candidate has
-      // neither: the balance is for later turns, and it sent openings of 49K-token documents to the least bound
-      // holder with 100K tokens queued (16-20 s) when other holders would serve them in 0.3 s (family seed 25;
-      // without the in-flight condition, agent sessions stacked on the holders out of the tail instead: seed 47).
-      const bool overloaded = ctx.opens_session && long_prompt && ctx.fleet_tail_ttft_s > 0 &&
-                              t.ttft > ctx.fleet_tail_ttft_s && static_cast<double>(w.in_flight) > mean_in_flight;
+      // Except that a session does not open where its first turn would wait longer than a typical request takes in
+      // all (the convex price's scale, above) and more than the fleet's mean requests are in flight, while another
+      // candidate has neither: the balance is for later turns, and it sent openings of 49K-token documents to the
+      // least bound holder with 100K tokens queued (16-20 s) when other holders would serve them in 0.3 s (family
+      // seed 25; without the in-flight condition, agent sessions stacked on the holders out of the tail instead).
+      const bool overloaded = ctx.opens_session && t.ttft > scale && static_cast<double>(w.in_flight) > mean_in_flight;
       if (ctx.opens_session && best && overloaded != best_overloaded) {
         if (overloaded) continue;
         best.reset();

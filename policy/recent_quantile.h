@@ -1,11 +1,11 @@
 // RecentQuantile: a quantile of the last `window` values added, recomputed every `every` additions so that
-// reading it costs a load. The router and the fleet simulator keep one over the TTFTs they observe: kv_cost's
-// tail price (policy/kv_cost.cc) reads the fleet's recent tail from it. RecentMean: the mean of the last
-// `window` values, for the scales kv_cost weighs its terms with (RoutingContext::fleet_means).
+// reading it costs a load. The router and the fleet simulator keep one over the own contexts of sessions' later
+// turns (RoutingContext::session_context_tokens, its largest). RecentMean: the mean of the last `window` values,
+// for the scales kv_cost weighs its terms with (RoutingContext::fleet_means).
 //
-//   RecentQuantile tail(kFleetTailWindow, kFleetTailQuantile);
-//   tail.add(ttft_s);                  // each first token
-//   ctx.fleet_tail_ttft_s = tail.value();
+//   RecentQuantile largest(kFleetTailWindow, 1.0, 20, 1);
+//   largest.add(own_context_tokens);   // each later turn
+//   ctx.session_context_tokens = largest.value();
 //
 // Thread safety: add() and value() may be called concurrently.
 #pragma once
@@ -19,11 +19,10 @@
 
 namespace kvroute::policy {
 
-// The tail kv_cost prices: the 97th percentile of the last 4,000 first tokens. A window of a few thousand
-// requests spans minutes of traffic at the benchmark's loads, so one burst of long prompts does not move it much
-// (a window of 1,000 did: docs/benchmarks.md, "Tried since").
+// The window of the fleet's recent figures: the last 4,000 requests. A window of a few thousand requests spans
+// minutes of traffic at the benchmark's loads, so one burst of long prompts does not move it much (a window of
+// 1,000 did, for the TTFT tail an earlier kv_cost priced: docs/benchmarks.md, "Tried since").
 inline constexpr std::size_t kFleetTailWindow = 4000;
-inline constexpr double kFleetTailQuantile = 0.97;
 
 class RecentQuantile {
  public:

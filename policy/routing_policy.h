@@ -177,7 +177,6 @@ struct RoutingContext {
   std::string_view affinity_key;               // text some baselines hash (first user message, model)
   std::uint64_t sequence = 0;                  // request number, for round robin
   std::uint64_t random = 0;                    // a uniform random draw for this request
-  double fleet_tail_ttft_s = 0;                // the fleet's recent TTFT tail (policy/recent_quantile.h), 0 unknown
   // The largest context of their own that sessions' later turns recently had (own_context_tokens(), over the
   // router's last kFleetTailWindow of them), 0 while unknown: kv_cost weighs a session opening's balance with it.
   double session_context_tokens = 0;

@@ -162,7 +162,6 @@ void Router::context(const RoutableRequest& request, std::vector<policy::WorkerV
     ctx.sequence = policy::replica_sequence(ctx.sequence, turn.rank, turn.replicas);
   }
   ctx.random = mix(ctx.sequence);
-  ctx.fleet_tail_ttft_s = ttft_tail_.value();
   ctx.session_context_tokens = session_context_.value();
   ctx.fleet_means = latencies_.means();
   if (policy_->uses_prefix_match()) {

@@ -245,7 +245,6 @@ void Router::first_byte(Decision& d) {
   computing_done(d, d.streamed);
   if (d.worker->removed() || d.background) return;  // removed: its id may be another worker's (complete())
   if (d.streamed) {  // only a streamed response's first byte is its first token
-    ttft_tail_.add(d.ttft_s);
     latencies_.first_token(d.ttft_s);
   }
   metrics_.ttft(d.worker->id(), d.ttft_s, d.status);  // an error body's first byte is no token

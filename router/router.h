@@ -262,8 +262,6 @@ class Router {
   HoldWaiters hold_waiters_;  // before index_, whose store listener reaches it
   hashing::PrefixIndex index_;
   policy::RateLearner learner_;
-  // The TTFTs of the fleet's recent first tokens, for kv_cost's tail price (RoutingContext::fleet_tail_ttft_s).
-  policy::RecentQuantile ttft_tail_{policy::kFleetTailWindow, policy::kFleetTailQuantile};
   // The largest own context of the recent later turns of sessions (RoutingContext::session_context_tokens).
   policy::RecentQuantile session_context_{policy::kFleetTailWindow, 1.0, 20, 1};
   // The means of recent streamed completions' TTFT, ITL and end-to-end latency (RoutingContext::fleet_means).

@@ -474,41 +474,6 @@ TEST(KvCost, ASessionOpensOnTheHolderWhileItsExcessSessionsTakeLessKvThanACopy) 
   EXPECT_EQ(p->pick(s.ctx)->worker, 2u);
 }
 
-// A long prompt's session does not open on the least bound holder when its first turn there would enter the
-// fleet's TTFT tail and that holder has more than the mean requests in flight: it opens on another holder. Without
-// the tail known, for a short prompt, or with the holder no busier than the mean, the fewest sessions decide.
-TEST(KvCost, ALongPromptsSessionDoesNotOpenWhereItsFirstTurnWouldEnterTheTail) {
-  auto p = make("kv_cost");
-  Scene s(3);
-  for (auto& w : s.workers) w.prefill_tokens_per_s = 20000;
-  s.match.blocks = {10, 10, 0};  // workers 0 and 1 hold the whole 40K-token document
-  s.workers[0].sessions = 1;
-  s.workers[1].sessions = 2;
-  s.workers[2].sessions = 2;
-  s.workers[0].in_flight = 20;
-  s.workers[0].pending_prefill_tokens = 200000;  // 10 s and more queued there
-  s.workers[1].in_flight = 2;
-  s.context();
-  s.ctx.tokens_per_block = 4000;
-  s.ctx.prompt_tokens = 40500;
-  s.ctx.opens_session = true;
-  s.ctx.fleet_tail_ttft_s = 2.0;
-  EXPECT_EQ(p->pick(s.ctx)->worker, 1u);
-  s.ctx.fleet_tail_ttft_s = 0;  // no tail known yet
-  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
-  s.ctx.fleet_tail_ttft_s = 2.0;
-  s.ctx.prompt_tokens = 4000;
-  s.ctx.tokens_per_block = 400;
-  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
-  s.ctx.prompt_tokens = 40500;
-  s.ctx.tokens_per_block = 4000;
-  s.workers[0].in_flight = 2;  // as busy as the mean: its queue alone does not move the opening
-  s.workers[1].in_flight = 3;
-  s.workers[2].in_flight = 4;
-  s.ctx.workers = s.workers;
-  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
-}
-
 // Router replicas that route at once on an idle fleet (each one's first request, or a burst spread over them)
 // see identical workers. Each counting its own requests from 0, all would start the tie rotation at one worker;
 // with the sequence interleaved by rank they pick four different ones, as one router routing the four in turn.
@@ -593,28 +558,23 @@ TEST(KvCost, ExpectedTtftAddsTheFixedPartAndCreditsTheQueuesProgress) {
   EXPECT_NEAR(corrected_ttft_estimate(plain, w), 0.25, 1e-12);
 }
 
-// A prompt of 24K tokens or more pays for the TTFT it would have above the fleet's recent tail, so it does not
-// wait into the tail for part of its prefix when another worker would serve it below. Shorter prompts do not.
-TEST(KvCost, LongPromptsAvoidWaitingIntoTheFleetsTail) {
+// The TTFT price is convex on the scale of the fleet's mean end-to-end latency: a wait as long as a typical request
+// takes in all counts its seconds three times. In a fleet of long requests (a 100 s mean) a prompt waits for the
+// worker holding a third of it rather than copy that third elsewhere; where requests take 2 s in all, that wait
+// is the tail, and it goes to the idle worker.
+TEST(KvCost, AWaitCostsMoreTheShorterTheFleetsRequests) {
   auto p = make("kv_cost");
   Scene s(2);
   for (auto& w : s.workers) w.prefill_tokens_per_s = 10000;
   s.chain.hashes.assign(300, 0);
-  s.match.blocks = {100, 0};                // worker 0 holds a third of the prompt
-  s.workers[0].pending_prefill_tokens = 40000;  // and is busy for about 5 s
+  s.match.blocks = {100, 0};                    // worker 0 holds a third of the prompt
+  s.workers[0].pending_prefill_tokens = 37500;  // and is busy: a TTFT of 6.9 s there, 3.2 s on worker 1
   auto ctx = s.context();
   ctx.prompt_tokens = 30000;
-  EXPECT_EQ(p->pick(ctx)->worker, 0u);  // tail unknown
-  ctx.fleet_tail_ttft_s = 4.0;          // waiting there takes it past the tail; recomputing does not
-  EXPECT_EQ(p->pick(ctx)->worker, 1u);
-  ctx.fleet_tail_ttft_s = 8.0;          // both below the tail
+  ctx.fleet_means = {1.0, 0.02, 100.0};
   EXPECT_EQ(p->pick(ctx)->worker, 0u);
-  s.chain.hashes.assign(200, 0);        // a 20K-token prompt is not priced
-  ctx.prompt_tokens = 20000;
-  ctx.fleet_tail_ttft_s = 0;
-  const auto unpriced = p->pick(ctx)->worker;
-  ctx.fleet_tail_ttft_s = 0.5;
-  EXPECT_EQ(p->pick(ctx)->worker, unpriced);
+  ctx.fleet_means = {1.0, 0.02, 2.0};
+  EXPECT_EQ(p->pick(ctx)->worker, 1u);
 }
 
 TEST(KvCost, CpuTierCostsTransferNotRecompute) {
