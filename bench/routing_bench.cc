@@ -226,6 +226,9 @@ RoutingContext context(const kvroute::router::RoutableRequest& r, const std::vec
   ctx.affinity_key = r.affinity_key;
   ctx.sequence = seq;
   ctx.random = seq * 0x9E3779B97F4A7C15ull;
+  // A router past its first 45 completions knows the fleet's means (policy/recent_quantile.h); before that,
+  // kv_cost prices each candidate twice (once for the scale it assumes until then).
+  ctx.fleet_means = {0.2, 0.02, 5.0};
   return ctx;
 }
 
