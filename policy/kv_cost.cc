@@ -170,12 +170,10 @@ class KvCost final : public RoutingPolicy {
     // with T, I, E the fleet's recent means (RoutingContext::fleet_means). The weights are the figures' own
     // scales, learned online; no weight is fitted. The TTFT price is convex on the scale of E, the fleet's mean
     // end-to-end latency: a second of waiting costs 1 + 2 ttft / E, three times as much once the wait alone is as
-    // long as a typical request takes in all. Until the means are known: others in seconds, as one second of
-    // TTFT each (the end-to-end view alone), and E the request's own end-to-end latency as expected on the
-    // candidates (`prior_e2e_s`: the mean of its expected TTFT and decode there, pick()).
-    double cost(const PolicyOptions& o, double idle_queue_s, const RoutingContext::FleetMeans& m,
-                double prior_e2e_s) const {
-      const double scale = m.known() ? m.e2e_s : prior_e2e_s;
+    // long as a typical request takes in all (`scale`). Until the means are known: others in seconds, as one
+    // second of TTFT each (the end-to-end view alone), and the scale is the request's own end-to-end latency as
+    // expected on the candidates (the mean of its expected TTFT and decode there, pick()).
+    double cost(const PolicyOptions& o, double idle_queue_s, const RoutingContext::FleetMeans& m, double scale) const {
       const double dup_scale = reuse * (1.0 + kDuplicateTailWeight * ttft / scale) + idle_queue_s / kFleetBusySeconds;
       const double cache = o.alpha * (evict + dup * dup_scale);
       const double price = ttft * (1.0 + ttft / scale);
@@ -371,18 +369,19 @@ class KvCost final : public RoutingPolicy {
       const double excess = static_cast<double>(least_held) - mean_sessions / static_cast<double>(healthy);
       holders_only = excess <= 0 || excess_below_copy(ctx, excess, static_cast<double>(most_matched), least_held);
     }
-    // Before the fleet's means are known, the convex price's scale is this request's own end-to-end latency as
-    // expected on the candidates (their mean): its expected TTFT and its output at the batch it would join.
-    double prior_e2e_s = 0;
+    // The convex price's scale (Terms::cost): the fleet's mean end-to-end latency; before it is known, this
+    // request's own as expected on the candidates (their mean): its expected TTFT and its output at the batch it
+    // would join.
+    double scale = ctx.fleet_means.e2e_s;
     if (!ctx.fleet_means.known() && healthy > 0) {
+      scale = 0;
       for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
         if (!ctx.workers[i].healthy) continue;
         const Terms t = terms(ctx, i, static_cast<double>(most_matched), step_per_token, empty_step);
-        prior_e2e_s += t.expected + t.out * t.own_itl;
+        scale += t.expected + t.out * t.own_itl;
       }
-      prior_e2e_s = std::max(prior_e2e_s / static_cast<double>(healthy), 1e-3);
+      scale = std::max(scale / static_cast<double>(healthy), 1e-3);
     }
-    const double scale = ctx.fleet_means.known() ? ctx.fleet_means.e2e_s : prior_e2e_s;
     std::optional<std::size_t> best;
     double best_cost = std::numeric_limits<double>::infinity(), best_ttft = 0, best_expected = 0;
     bool best_overloaded = false;
@@ -398,7 +397,7 @@ class KvCost final : public RoutingPolicy {
       // into recomputing (mean TTFT 19x e2's; 7x without those copies). The prefix's holders always have room.
       if (ctx.opens_session && !copy_fits(ctx, i, most_matched)) continue;
       const Terms t = terms(ctx, i, static_cast<double>(most_matched), step_per_token, empty_step);
-      const double c = t.cost(o_, idle_queue_s, ctx.fleet_means, prior_e2e_s);
+      const double c = t.cost(o_, idle_queue_s, ctx.fleet_means, scale);
       // A request opening a session goes to a worker with the fewest live sessions bound (of the prefix's holders,
       // above), then the fewest requests in flight, then the cheapest. Its pick binds the session's later turns,
       // whose load is unknown now but alike in expectation for every session, so the sessions themselves are what

@@ -474,6 +474,37 @@ TEST(KvCost, ASessionOpensOnTheHolderWhileItsExcessSessionsTakeLessKvThanACopy) 
   EXPECT_EQ(p->pick(s.ctx)->worker, 2u);
 }
 
+// A session does not open on the least bound holder when its first turn there would wait longer than a typical
+// request takes in all (the fleet's mean end-to-end latency) and that holder has more than the mean requests in
+// flight: it opens on another holder. In a fleet whose requests take longer than that wait, or with the holder no
+// busier than the mean, the fewest sessions decide.
+TEST(KvCost, ASessionDoesNotOpenWhereItsFirstTurnWouldWaitLongerThanATypicalRequest) {
+  auto p = make("kv_cost");
+  Scene s(3);
+  for (auto& w : s.workers) w.prefill_tokens_per_s = 20000;
+  s.match.blocks = {10, 10, 0};  // workers 0 and 1 hold the whole 40K-token document
+  s.workers[0].sessions = 1;
+  s.workers[1].sessions = 2;
+  s.workers[2].sessions = 2;
+  s.workers[0].in_flight = 20;
+  s.workers[0].pending_prefill_tokens = 200000;  // 10 s and more queued there
+  s.workers[1].in_flight = 2;
+  s.context();
+  s.ctx.tokens_per_block = 4000;
+  s.ctx.prompt_tokens = 40500;
+  s.ctx.opens_session = true;
+  s.ctx.fleet_means = {1.0, 0.02, 5.0};
+  EXPECT_EQ(p->pick(s.ctx)->worker, 1u);
+  s.ctx.fleet_means = {1.0, 0.02, 100.0};  // requests take 100 s: 10 s of waiting is not the tail
+  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
+  s.ctx.fleet_means = {1.0, 0.02, 5.0};
+  s.workers[0].in_flight = 2;  // as busy as the mean: its queue alone does not move the opening
+  s.workers[1].in_flight = 3;
+  s.workers[2].in_flight = 4;
+  s.ctx.workers = s.workers;
+  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
+}
+
 // Router replicas that route at once on an idle fleet (each one's first request, or a burst spread over them)
 // see identical workers. Each counting its own requests from 0, all would start the tie rotation at one worker;
 // with the sequence interleaved by rank they pick four different ones, as one router routing the four in turn.
