@@ -274,7 +274,7 @@ class KvCost final : public RoutingPolicy {
     // the n in flight are counted at least as this request's context each (the typical one, as above), so that a
     // burst does not herd onto the worker whose last arrivals are still in prefill.
     const double active = static_cast<double>(w.active_decode_tokens);
-    const double empty = empty_step >= 0 ? empty_step : std::max(0.0, w.decode_step_s - per_token * active);
+    const double empty = empty_step >= 0 ? empty_step : empty_batch_step(w, per_token);
     const double context = T + out / 2;
     t.own_itl = empty + per_token * std::max(active + context, (n + 1) * context);
     t.out = out;
@@ -289,6 +289,12 @@ class KvCost final : public RoutingPolicy {
     const WorkerView& w = ctx.workers[i];
     const double out = expected_output_tokens(ctx.max_tokens);
     return w.decode_step_s + w.decode_step_per_token_s * (static_cast<double>(ctx.prompt_tokens) + out / 2);
+  }
+
+  // Worker w's decode step with an empty batch: its step at its current batch less that batch's context at
+  // `per_token` seconds per context token.
+  static double empty_batch_step(const WorkerView& w, double per_token) {
+    return std::max(0.0, w.decode_step_s - per_token * static_cast<double>(w.active_decode_tokens));
   }
 
   // Whether worker w's cache has room for `tokens` more without evicting blocks that were hit again (its capacity
@@ -341,8 +347,7 @@ class KvCost final : public RoutingPolicy {
       if (!w.healthy) continue;
       ++healthy;
       step_per_token += w.decode_step_per_token_s;
-      const double active = static_cast<double>(w.active_decode_tokens);
-      empty_step += std::max(0.0, w.decode_step_s - w.decode_step_per_token_s * active);
+      empty_step += empty_batch_step(w, w.decode_step_per_token_s);
       mean_in_flight += w.in_flight;
       most_matched = std::max(most_matched, ctx.matched_tokens(i));
       const double queue_s = static_cast<double>(w.pending_prefill_tokens) / std::max(w.prefill_tokens_per_s, 1.0);

@@ -244,9 +244,7 @@ void Router::first_byte(Decision& d) {
   // computed, against now, tells when the worker makes blocks hits (hashing/computing_prefixes.h).
   computing_done(d, d.streamed);
   if (d.worker->removed() || d.background) return;  // removed: its id may be another worker's (complete())
-  if (d.streamed) {  // only a streamed response's first byte is its first token
-    latencies_.first_token(d.ttft_s);
-  }
+  if (d.streamed) latencies_.first_token(d.ttft_s);  // only a streamed response's first byte is its first token
   metrics_.ttft(d.worker->id(), d.ttft_s, d.status);  // an error body's first byte is no token
 }
 
