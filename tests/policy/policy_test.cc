@@ -249,6 +249,25 @@ TEST(KvCost, LeavesThePrefixHolderOnlyWhileTheFleetHasSpareCapacity) {
   EXPECT_EQ(pick->reason, Reason::kPrefixHit);
 }
 
+// How busy the fleet is, for the price of a copy, is its shortest prefill queue counted in decode steps, the unit in
+// which a worker hands its compute between prefill and decode: the same 0.1 s is five steps of 20 ms (a busy fleet,
+// the request waits for its prefix's holder) but a tenth of a 1 s step (the copy goes to the least-loaded worker).
+TEST(KvCost, TheFleetIsAsBusyAsTheDecodeStepsItsShortestQueueLasts) {
+  auto p = make("kv_cost");
+  Scene s(3);
+  for (auto& w : s.workers) {
+    w.prefill_tokens_per_s = 1000;
+    w.decode_step_s = 0.02;
+  }
+  s.match.blocks = {8, 0, 0};
+  s.workers[0].pending_prefill_tokens = 5000;
+  s.workers[1].pending_prefill_tokens = 100;
+  s.workers[2].pending_prefill_tokens = 200;
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  for (auto& w : s.workers) w.decode_step_s = 1.0;
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+}
+
 // Two workers at 1000 prefill tokens/s and 1e-6 s per context token per decode step; worker 0 holds 8 of the
 // prompt's 10 blocks, worker 1 none.
 Scene holder_and_other() {
