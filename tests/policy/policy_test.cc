@@ -240,30 +240,15 @@ TEST(KvCost, LeavesThePrefixHolderOnlyWhileTheFleetHasSpareCapacity) {
   s.workers[0].pending_prefill_tokens = 5000;  // the holder has 5 s of prefill queued
   // Workers 1 and 2 idle: recomputing the 800 cached tokens on one of them costs less than the wait.
   EXPECT_EQ(p->pick(s.context())->worker, 1u);
-  // Every worker has a queue (the shortest is 0.1 s): a copy of the prefix would take GPU time from other
-  // requests, so the request waits for its holder.
+  // Every worker has a queue (the shortest is 0.1 s, five decode steps of 20 ms): a copy of the prefix would take
+  // GPU time from other requests, so the request waits for its holder.
   s.workers[1].pending_prefill_tokens = 100;
   s.workers[2].pending_prefill_tokens = 200;
   auto pick = p->pick(s.context());
   EXPECT_EQ(pick->worker, 0u);
   EXPECT_EQ(pick->reason, Reason::kPrefixHit);
-}
-
-// How busy the fleet is, for the price of a copy, is its shortest prefill queue counted in decode steps, the unit in
-// which a worker hands its compute between prefill and decode: the same 0.1 s is five steps of 20 ms (a busy fleet,
-// the request waits for its prefix's holder) but a tenth of a 1 s step (the copy goes to the least-loaded worker).
-TEST(KvCost, TheFleetIsAsBusyAsTheDecodeStepsItsShortestQueueLasts) {
-  auto p = make("kv_cost");
-  Scene s(3);
-  for (auto& w : s.workers) {
-    w.prefill_tokens_per_s = 1000;
-    w.decode_step_s = 0.02;
-  }
-  s.match.blocks = {8, 0, 0};
-  s.workers[0].pending_prefill_tokens = 5000;
-  s.workers[1].pending_prefill_tokens = 100;
-  s.workers[2].pending_prefill_tokens = 200;
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  // How busy the fleet is counts in decode steps, the unit in which a worker hands its compute between prefill and
+  // decode: the same 0.1 s is a tenth of a 1 s step, and the copy goes to the least-loaded worker.
   for (auto& w : s.workers) w.decode_step_s = 1.0;
   EXPECT_EQ(p->pick(s.context())->worker, 1u);
 }
