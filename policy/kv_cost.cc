@@ -43,10 +43,9 @@
 //              + (Tm / Em) x (out x own + others)
 //              + alpha x (evict + dup x (r x (1 + 4 TTFT / Em) + idle / step))
 //              Tm, Im, Em: the means of the fleet's recent TTFT, inter-token and end-to-end latency; the cost is
-//              the request's effect on each of those means as a share of it (Terms::cost). Before they are
-//              known: TTFT x (1 + TTFT / E0) + others + the cache terms, E0 the request's own end-to-end latency
-//              as expected on the candidates (their mean); step the candidates' mean decode step at their
-//              current batches
+//              the request's effect on each of those means as a share of it (Terms::cost). A mean not known yet
+//              is the candidates' mean estimate of it for this request: expected TTFT, own inter-token latency,
+//              and expected TTFT + out x own; step the candidates' mean decode step at their current batches
 //
 // The TTFT part of the cost is convex: a second of queueing costs 1 + 2 TTFT / Em, so a prompt whose wait alone
 // would be as long as a typical request's whole latency (a long prompt behind a long queue, which sets the
@@ -67,6 +66,19 @@
 // workers could have held a copy at once (family seeds 7, 17, 65, 76; docs/benchmarks.md, "The duplicate's
 // price, in proportion to reuse").
 //
+// Rent or buy. A request that stays on its prefix's holder, where the cheapest other worker would serve it for less
+// if it held the prefix too, pays rent: the difference. The copy that would end the rent costs its premium, that
+// worker's price with the copy less its price without. Each prefix (the deepest block any worker holds) keeps an
+// account of the rent its requests paid; once the rent reaches the premium, the request buys: it goes to that
+// worker and makes the copy. This is the deterministic ski-rental rule, which never pays more than twice what the
+// best choice in hindsight would have (Karlin, Manasse, Rudolph, Sleator, "Competitive snoopy caching",
+// Algorithmica 1988). A per-request price never buys on its own a copy whose value is to later requests: a prefix
+// every request shares stayed on the few workers that computed it first while the others idled, and every request
+// decoded in their batches (family seed 196: mean ITL 2.6x round robin's). Rent accrues only while that worker has
+// no prefill queued: a copy made there delays nobody's prefill. The account is the router replica's own; a copy
+// made by the cost itself closes it too (docs/benchmarks.md, "The model's own means before the fleet's, and rent or
+// buy for a prefix's copy").
+//
 // What made the difference on the benchmark (docs/benchmarks.md): pricing admission (running cap and full KV pool)
 // and the batch-dependent decode step, so sessions and long chats are not stacked on a worker whose TTFT looks fine
 // until its pool fills; the duplicate term, so a conversation is not moved off the worker holding its context for a
@@ -86,6 +98,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <unordered_map>
 
 namespace kvroute::policy {
 namespace {
@@ -163,14 +177,13 @@ class KvCost final : public RoutingPolicy {
     // with T, I, E the fleet's recent means (RoutingContext::fleet_means). The weights are the figures' own
     // scales, learned online; no weight is fitted. The TTFT price is convex on the scale of E, the fleet's mean
     // end-to-end latency: a second of waiting costs 1 + 2 ttft / E, three times as much once the wait alone is as
-    // long as a typical request takes in all (`scale`). Until the means are known: others in seconds, as one
-    // second of TTFT each (the end-to-end view alone), and the scale is the request's own end-to-end latency as
-    // expected on the candidates (the mean of its expected TTFT and decode there, pick()).
+    // long as a typical request takes in all (`scale`). A mean not known yet (fewer than kKnownMeanValues
+    // values) is the model's own estimate of it, from the candidates (pick()), so the same objective holds from
+    // the first request.
     double cost(const PolicyOptions& o, double idle_steps, const RoutingContext::FleetMeans& m, double scale) const {
       const double dup_scale = reuse * (1.0 + kDuplicateTailWeight * ttft / scale) + idle_steps;
       const double cache = o.alpha * (evict + dup * dup_scale);
       const double price = ttft * (1.0 + ttft / scale);
-      if (!m.known()) return price + others + cache;
       const double per_e2e = m.ttft_s / m.e2e_s, per_itl = m.ttft_s / m.itl_s;
       return price * (1.0 + per_e2e) + per_itl * (own_itl + others_itl) + per_e2e * (out * own_itl + others) +
              cache;
@@ -179,15 +192,16 @@ class KvCost final : public RoutingPolicy {
 
   // `most_matched`: the longest match any healthy worker has for this request (for the duplicate term);
   // `step_per_token`, `empty_step`: the candidates' mean decode-step time per context token and of an empty batch
-  // (for the decode terms); 0 and negative: the worker's own.
+  // (for the decode terms); 0 and negative: the worker's own. `held`: tokens the worker is priced as holding at
+  // least (the rent of pick(): what the request would cost there with a copy of the prefix).
   Terms terms(const RoutingContext& ctx, std::size_t i, double most_matched, double step_per_token = 0,
-              double empty_step = -1) const {
+              double empty_step = -1, double held = 0) const {
     const WorkerView& w = ctx.workers[i];
     const double tpb = ctx.tokens_per_block > 0 ? ctx.tokens_per_block : 16.0;
     const double P = std::max(w.prefill_tokens_per_s, 1.0);
     const double X = std::max(w.transfer_tokens_per_s, 1.0);
     const double T = static_cast<double>(ctx.prompt_tokens);
-    const double matched = static_cast<double>(ctx.matched_tokens(i));
+    const double matched = std::max(held, static_cast<double>(ctx.matched_tokens(i)));
     const double c = std::min(matched, ctx.matched_cpu_blocks(i) * tpb);
     const double m = std::max(0.0, T - matched);
     const double out = expected_output_tokens(ctx.max_tokens);
@@ -370,18 +384,32 @@ class KvCost final : public RoutingPolicy {
       const double excess = static_cast<double>(least_held) - mean_sessions / static_cast<double>(healthy);
       holders_only = excess <= 0 || excess_below_copy(ctx, excess, static_cast<double>(most_matched), least_held);
     }
-    // The convex price's scale (Terms::cost): the fleet's mean end-to-end latency; before it is known, this
-    // request's own as expected on the candidates (their mean): its expected TTFT and its output at the batch it
-    // would join.
-    double scale = ctx.fleet_means.e2e_s;
-    if (!ctx.fleet_means.known() && healthy > 0) {
-      scale = 0;
+    // The fleet's means the cost weighs with (Terms::cost), and the convex price's scale, the mean end-to-end latency.
+    // A mean not known yet is the model's estimate of it (estimated_means()): over the requests priced so far, this
+    // one's included, the mean of what each would have on the candidates, on average: its expected TTFT, its own
+    // inter-token latency at the batch it would join, and its end-to-end latency (that TTFT and its output at that
+    // latency). Before, the unknown means gave way to a cost in plain seconds, the others' end-to-end delay weighed
+    // one for one against the request's TTFT. With long outputs the means take tens of seconds to become known, and
+    // meanwhile a burst piled 17,575 tokens of prefill on the worker with the fewest requests in flight while the
+    // others had none queued (family seed 158: p99 TTFT 1.12x e2's; 1.04x now). With 8 router replicas, each learns
+    // its means from its own requests, 8 times later.
+    RoutingContext::FleetMeans means = ctx.fleet_means;
+    double scale = means.e2e_s;
+    if (!means.known() && healthy > 0) {
+      double ttft = 0, itl = 0, e2e = 0;
       for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
         if (!ctx.workers[i].healthy) continue;
         const Terms t = terms(ctx, i, static_cast<double>(most_matched), step_per_token, empty_step);
-        scale += t.expected + t.out * t.own_itl;
+        ttft += t.expected;
+        itl += t.own_itl;
+        e2e += t.expected + t.out * t.own_itl;
       }
-      scale = std::max(scale / static_cast<double>(healthy), 1e-3);
+      const double h = static_cast<double>(healthy);
+      const RoutingContext::FleetMeans prior = estimated_means(ttft / h, itl / h, e2e / h);
+      if (means.ttft_s <= 0) means.ttft_s = std::max(prior.ttft_s, 1e-3);
+      if (means.itl_s <= 0) means.itl_s = std::max(prior.itl_s, 1e-4);
+      if (means.e2e_s <= 0) means.e2e_s = std::max(prior.e2e_s, 1e-3);
+      scale = means.e2e_s;
     }
     // The duplicate term's fleet-busy part: the fleet's shortest prefill queue counted in decode steps. Once even the
     // least-loaded worker has queued prefill, a copy of a prefix another worker holds takes GPU time from requests
@@ -391,8 +419,10 @@ class KvCost final : public RoutingPolicy {
     // It was a fitted 25 ms (17-33 ms behaved alike: where these workers' steps lie); on the workers' own step the
     // 200 seeds of the workload family judge alike (docs/benchmarks.md, "The fleet-busy price in decode steps").
     const double idle_steps = healthy > 0 && idle_queue_s > 0 ? idle_queue_s / std::max(mean_step, 1e-6) : 0.0;
-    std::optional<std::size_t> best;
+    // `alt`: the cheapest worker that lacks some of the prefix (the rent, below).
+    std::optional<std::size_t> best, alt;
     double best_cost = std::numeric_limits<double>::infinity(), best_ttft = 0, best_expected = 0;
+    double alt_cost = std::numeric_limits<double>::infinity();
     bool best_overloaded = false;
     for (std::size_t k = 0; k < ctx.workers.size(); ++k) {
       const std::size_t i = (k + ctx.sequence) % ctx.workers.size();
@@ -406,7 +436,11 @@ class KvCost final : public RoutingPolicy {
       // into recomputing (mean TTFT 19x e2's; 7x without those copies). The prefix's holders always have room.
       if (ctx.opens_session && !copy_fits(ctx, i, most_matched)) continue;
       const Terms t = terms(ctx, i, static_cast<double>(most_matched), step_per_token, empty_step);
-      const double c = t.cost(o_, idle_steps, ctx.fleet_means, scale);
+      const double c = t.cost(o_, idle_steps, means, scale);
+      if (ctx.matched_tokens(i) < most_matched && c < alt_cost) {
+        alt = i;
+        alt_cost = c;
+      }
       // A request opening a session goes to a worker with the fewest live sessions bound (of the prefix's holders,
       // above), then the fewest requests in flight, then the cheapest. Its pick binds the session's later turns,
       // whose load is unknown now but alike in expectation for every session, so the sessions themselves are what
@@ -439,6 +473,14 @@ class KvCost final : public RoutingPolicy {
       }
     }
     if (!best) return std::nullopt;
+    if (most_matched > 0 && !holders_only && !ctx.opens_session) {
+      if (const auto buy = rent_or_buy(ctx, *best, best_cost, alt, alt_cost, most_matched, idle_steps, means, scale,
+                                       step_per_token, empty_step)) {
+        best = alt;
+        best_ttft = buy->ttft;
+        best_expected = buy->expected;
+      }
+    }
     const std::uint64_t hit = ctx.matched_tokens(*best);
     Reason reason = Reason::kCold;
     if (hit > 0 && hit == most_matched) reason = Reason::kPrefixHit;
@@ -447,7 +489,60 @@ class KvCost final : public RoutingPolicy {
   }
 
  private:
+  // The means of the estimates (TTFT, own inter-token latency, end-to-end latency, each the candidates' mean for its
+  // request) of the requests this policy has priced before the fleet's means were known, this one's included: the
+  // fleet's means as the model predicts them. Not what it expected at the workers it picked: that made the estimate
+  // follow its own picks (family seed 103, 36 documents of 74K tokens: mean TTFT 9.2x e2's against 2.7x).
+  RoutingContext::FleetMeans estimated_means(double ttft, double itl, double e2e) const {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    estimated_.ttft_s += ttft;
+    estimated_.itl_s += itl;
+    estimated_.e2e_s += e2e;
+    const double n = static_cast<double>(++estimated_count_);
+    return {estimated_.ttft_s / n, estimated_.itl_s / n, estimated_.e2e_s / n};
+  }
+
+  // The rent of pick(), header comment: the request's pick `best` at `best_cost`; `alt`, the cheapest worker lacking
+  // some of the `most_matched` prefix, at `alt_cost`. Returns alt's terms when the request buys the copy there.
+  std::optional<Terms> rent_or_buy(const RoutingContext& ctx, std::size_t best, double best_cost,
+                                   std::optional<std::size_t> alt, double alt_cost, std::uint64_t most_matched,
+                                   double idle_steps, const RoutingContext::FleetMeans& means, double scale,
+                                   double step_per_token, double empty_step) const {
+    std::uint32_t blocks = 0;
+    for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
+      if (ctx.workers[i].healthy) blocks = std::max(blocks, ctx.matched_blocks(i));
+    }
+    if (!ctx.chain || blocks == 0 || blocks > ctx.chain->hashes.size()) return std::nullopt;
+    const std::uint64_t prefix = ctx.chain->hashes[blocks - 1];
+    if (ctx.matched_tokens(best) < most_matched) {  // the pick copies the prefix itself
+      std::lock_guard<std::mutex> lock(state_mu_);
+      rent_.erase(prefix);
+      return std::nullopt;
+    }
+    if (!alt || ctx.workers[*alt].pending_prefill_tokens > 0) return std::nullopt;
+    const double mm = static_cast<double>(most_matched);
+    const double warm = terms(ctx, *alt, mm, step_per_token, empty_step, mm).cost(o_, idle_steps, means, scale);
+    const double rent = best_cost - warm;
+    if (rent <= 0) return std::nullopt;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      if (rent_.size() >= kRentAccounts && !rent_.count(prefix)) rent_.clear();
+      double& paid = rent_[prefix];
+      paid += rent;
+      if (paid < alt_cost - warm) return std::nullopt;
+      rent_.erase(prefix);
+    }
+    return terms(ctx, *alt, mm, step_per_token, empty_step);
+  }
+
+  // Accounts kept at most (a prefix each, ~50 bytes): beyond, they start over, which only delays copies.
+  static constexpr std::size_t kRentAccounts = 65536;
+
   PolicyOptions o_;
+  mutable std::mutex state_mu_;
+  mutable std::unordered_map<std::uint64_t, double> rent_;  // prefix -> rent its requests paid (guarded by state_mu_)
+  mutable RoutingContext::FleetMeans estimated_;  // sums for estimated_means() (guarded by state_mu_)
+  mutable std::uint64_t estimated_count_ = 0;     // guarded by state_mu_
 };
 
 }  // namespace

@@ -45,6 +45,12 @@ std::unique_ptr<RoutingPolicy> make(const std::string& name) {
   return std::move(*p);
 }
 
+// kv_cost's pick from a policy that has seen no request before: no rent paid on any prefix yet (rent or buy,
+// policy/kv_cost.cc), so the pick is the cheapest worker's.
+std::optional<Pick> fresh_kv_cost_pick(const RoutingContext& ctx, const PolicyOptions& o = {}) {
+  return (*make_policy("kv_cost", o))->pick(ctx);
+}
+
 TEST(PolicyFactory, AllTenNamesAndAClearErrorForOthers) {
   EXPECT_EQ(policy_names().size(), 10u);
   for (const auto& n : policy_names()) {
@@ -265,43 +271,106 @@ Scene holder_and_other() {
   return s;
 }
 
-// What a request adds to the inter-token latency of the requests already in flight on a worker is priced in
-// seconds: with 1e-6 s per context token per decode step, each of them decodes about half of the request's 256
-// steps with its 1128 tokens (1000 of prompt, half its output) in the batch.
+// What a request adds to the inter-token latency of the requests already in flight on a worker is priced by the
+// means it moves: with 1e-6 s per context token per decode step, each of them decodes about half of the request's
+// 256 steps with its 1128 tokens (1000 of prompt, half its output) in the batch. The fleet's means here: TTFT 1 s,
+// inter-token latency 30 ms, end-to-end latency 10 s.
 TEST(KvCost, LeavesAPrefixHolderWhenItWouldSlowTheRequestsRunningThereMore) {
-  auto p = make("kv_cost");
   Scene s = holder_and_other();
-  // 10 requests in flight on the holder (the router's own count; the worker has not reported them yet): 1.4 s
-  // added to their decodes, less than recomputing 800 tokens elsewhere costs.
+  s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 0.03, .e2e_s = 10.0};
+  // 10 requests in flight on the holder (the router's own count; the worker has not reported them yet): what the
+  // request adds to their decodes costs less than recomputing 800 tokens elsewhere.
   s.workers[0].in_flight = 10;
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
-  // 100 in flight: 14 s of the others' time, more than recomputing the 800 tokens elsewhere costs; the prefix is
-  // copied.
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 0u);
+  // 100 in flight: more than recomputing the 800 tokens elsewhere costs; the prefix is copied.
   s.workers[0].in_flight = 100;
-  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 1u);
   // The same when the worker reports them running and the router has none of its own in flight there.
   s.workers[0].in_flight = 0;
   s.workers[0].running = 100;
-  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 1u);
 }
 
-// Once the fleet's mean TTFT, inter-token and end-to-end latency are known, each second is weighed by the mean it
-// moves, as a share of that mean. Where the mean inter-token latency is long against the mean TTFT (a second of
-// TTFT is a larger share), the 100 requests running on the holder no longer outweigh recomputing the prefix:
-// the request stays. Where it is short (1 ms against a 1 s TTFT), 10 running there are enough to leave: the
-// request's own steps at the holder's batch and what it adds to theirs are a larger share of the mean ITL.
+// Each second is weighed by the mean it moves, as a share of that mean. Where the mean inter-token latency is long
+// against the mean TTFT (a second of TTFT is a larger share), the 100 requests running on the holder no longer
+// outweigh recomputing the prefix: the request stays. Where it is short (1 ms against a 1 s TTFT), 10 running
+// there are enough to leave: the request's own steps at the holder's batch and what it adds to theirs are a larger
+// share of the mean ITL.
 TEST(KvCost, EachMeanWeighsTheSecondsThatMoveItByItsOwnScale) {
-  auto p = make("kv_cost");
   Scene s = holder_and_other();
   s.workers[0].in_flight = 100;
-  EXPECT_EQ(p->pick(s.context())->worker, 1u);  // in seconds, as the test above
+  s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 0.03, .e2e_s = 10.0};
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 1u);  // as the test above
   s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 1.0, .e2e_s = 1000.0};
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 0u);
   s.workers[0].in_flight = 10;
-  s.ctx.fleet_means = {};
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 0.03, .e2e_s = 10.0};
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 0u);
   s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 0.001, .e2e_s = 10.0};
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 1u);
+}
+
+// Before the fleet's means are known (a mean needs kKnownMeanValues completed requests: with long outputs, tens of
+// seconds), each is the model's own estimate of it (over the requests priced so far, the mean of what each would have
+// on the candidates), and the cost is the same. Two
+// workers without the prefix: worker 0 has 0.2 s of prefill queued and 10 requests decoding, worker 1 none queued and
+// 16 decoding; the request has a 3,000-token prompt and asks for 2,000 tokens. Its 0.2 s wait is a larger share of
+// a typical TTFT than six more requests in the batch are of a typical inter-token latency (0.26 ms more per step at
+// 4.4e-8 s per context token, Qwen3-8B on an H100): it goes to worker 1. (The earlier cold cost, the others'
+// end-to-end time one for one against the request's TTFT, sent it to worker 0, and a burst piled up there.)
+TEST(KvCost, BeforeTheMeansAreKnownEachIsTheModelsOwnEstimate) {
+  Scene s(2);
+  for (auto& w : s.workers) {
+    w.prefill_tokens_per_s = 15000;
+    w.decode_step_per_token_s = 4.4e-8;
+  }
+  s.workers[0].pending_prefill_tokens = 3000;
+  s.workers[0].in_flight = s.workers[0].running = 10;
+  s.workers[1].in_flight = s.workers[1].running = 16;
+  for (auto& w : s.workers) {
+    w.active_decode_tokens = w.running * 4000;
+    w.decode_step_s = 0.01 + 4.4e-8 * static_cast<double>(w.active_decode_tokens);
+  }
+  s.context();
+  s.ctx.max_tokens = 2000;
+  s.ctx.prompt_tokens = 3000;
+  EXPECT_EQ(fresh_kv_cost_pick(s.ctx)->worker, 1u);
+  // The same once the means are known and alike: TTFT 0.1 s, ITL 12 ms, end-to-end 25 s.
+  s.ctx.fleet_means = {.ttft_s = 0.1, .itl_s = 0.012, .e2e_s = 25.0};
+  EXPECT_EQ(fresh_kv_cost_pick(s.ctx)->worker, 1u);
+  // Where a typical request's TTFT is long against its inter-token latency (5 s against 1 ms), the six more in the
+  // batch weigh more than the 0.2 s wait: worker 0.
+  s.ctx.fleet_means = {.ttft_s = 5.0, .itl_s = 0.001, .e2e_s = 25.0};
+  EXPECT_EQ(fresh_kv_cost_pick(s.ctx)->worker, 0u);
+}
+
+// Rent or buy (policy/kv_cost.cc): a request that stays on its prefix's holder where the other worker would serve it
+// for less with a copy pays the difference as rent into the prefix's account; once the account reaches what the
+// copy costs on top, the request makes the copy. The holder has 20 requests in flight: each request's cheapest
+// choice is to stay, and the third buys (the scene does not change, so it goes on renting and buying in turn).
+TEST(KvCost, APrefixsRequestsBuyACopyOnceTheRentTheyPaidReachesItsPrice) {
+  auto p = make("kv_cost");
+  Scene s = holder_and_other();
+  s.workers[0].in_flight = 20;
+  s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 0.03, .e2e_s = 10.0};
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 0u);  // the cheapest worker
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  const auto buy = p->pick(s.context());
+  EXPECT_EQ(buy->worker, 1u);
+  EXPECT_EQ(buy->reason, Reason::kLoadFallback);
+  EXPECT_EQ(buy->predicted_cached_tokens, 0u);
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);  // the account starts again
+  // Another prefix (its deepest held block differs) has an account of its own: its rent does not bring the first
+  // one's copy nearer.
+  s.chain.hashes[7] = 1;
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  s.chain.hashes[7] = 0;
+  EXPECT_EQ(p->pick(s.context())->worker, 0u);
   EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  // No rent accrues while the other worker has prefill queued: a copy there would delay it.
+  s.workers[1].pending_prefill_tokens = 100;
+  for (int k = 0; k < 10; ++k) EXPECT_EQ(p->pick(s.context())->worker, 0u);
 }
 
 // The request's own inter-token latency counts the requests in flight on a worker at least as its own context each:
@@ -333,20 +402,21 @@ TEST(KvCost, ABurstStillInPrefillCountsInTheBatchItsNextRequestJoins) {
 // it splits) in proportion to how much of that cache holds blocks that are hit again: a copy onto a worker whose
 // cache holds nothing reused costs its prefill, and nothing more while some worker's prefill queue is empty.
 TEST(KvCost, ACopyOfAPrefixCostsInProportionToTheReuseInTheCacheItGoesInto) {
-  auto p = make("kv_cost");
   Scene s = holder_and_other();
   for (auto& w : s.workers) w.capacity_blocks = 1000;
-  s.workers[0].in_flight = 10;  // 1.4 s added to their decodes (see the test above)
+  s.workers[0].in_flight = 10;
+  s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 0.03, .e2e_s = 10.0};  // as in the tests above
   // Worker 1's cache is full of blocks hit again: a copy would displace them and the request stays.
   s.workers[1].reused_blocks = 1000;
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
-  // Its cache holds nothing hit again: the copy costs its 1 s prefill, less than the others' 1.4 s.
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 0u);
+  // Its cache holds nothing hit again: the copy costs its 1 s prefill, less than what the request adds to the
+  // decodes of the 10 in flight on the holder.
   s.workers[1].reused_blocks = 0;
-  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 1u);
   // The same worker while every worker has a prefill queue: the copy takes GPU time from other requests.
   s.workers[0].pending_prefill_tokens = 100;
   s.workers[1].pending_prefill_tokens = 100;
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 0u);
 }
 
 // A copy of a prefix is computed in the steps that decode the requests running where it goes, so it delays each of
@@ -354,7 +424,6 @@ TEST(KvCost, ACopyOfAPrefixCostsInProportionToTheReuseInTheCacheItGoesInto) {
 // cost per context token (the inter-token term is zero); the holder has 3 s of prefill queued, the other holds
 // nothing reused (a copy does not displace reuse) and has an empty queue.
 TEST(KvCost, ACopyIsPricedByTheTimeItTakesFromTheRequestsDecodingWhereItGoes) {
-  auto p = make("kv_cost");
   Scene s(2);
   for (auto& w : s.workers) {
     w.prefill_tokens_per_s = 1000;
@@ -365,14 +434,14 @@ TEST(KvCost, ACopyIsPricedByTheTimeItTakesFromTheRequestsDecodingWhereItGoes) {
   s.workers[0].pending_prefill_tokens = 3000;
   // Two requests decode on the other worker: the 0.8 s copy costs them 1.6 s, less than the 3 s wait.
   s.workers[1].in_flight = 2;
-  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 1u);
   // Twenty: 16 s of their time; the request waits for its prefix's holder.
   s.workers[1].in_flight = 20;
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 0u);
   // The same twenty, reported by the worker rather than counted by this router.
   s.workers[1].in_flight = 0;
   s.workers[1].running = 20;
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 0u);
   // Behind a queue longer than their decodes (256 steps of 2 ms), they will have finished when the copy runs. (A
   // third worker, idle but slow, keeps the fleet from counting as busy, which would price the copy higher still.)
   s.workers.push_back(s.workers[0]);
@@ -381,10 +450,10 @@ TEST(KvCost, ACopyIsPricedByTheTimeItTakesFromTheRequestsDecodingWhereItGoes) {
   s.workers[2].prefill_tokens_per_s = 10;
   s.match.blocks.push_back(0);
   s.match.cpu_blocks.push_back(0);
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 0u);
   s.workers[1].pending_prefill_tokens = 600;
   s.workers[1].decode_step_s = 0.002;
-  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 1u);
 }
 
 // A request opening a session binds its later turns: it goes to a worker with the fewest live sessions bound even
