@@ -44,8 +44,9 @@
 //              + alpha x (evict + dup x (r x (1 + 4 TTFT / Em) + idle / step))
 //              Tm, Im, Em: the means of the fleet's recent TTFT, inter-token and end-to-end latency; the cost is
 //              the request's effect on each of those means as a share of it (Terms::cost). A mean not known yet
-//              is the candidates' mean estimate of it for this request: expected TTFT, own inter-token latency,
-//              and expected TTFT + out x own; step the candidates' mean decode step at their current batches
+//              is the model's estimate of it: over the requests priced so far, the mean of the candidates'
+//              expected TTFT, own inter-token latency, and expected TTFT + out x own; step the candidates' mean
+//              decode step at their current batches
 //
 // The TTFT part of the cost is convex: a second of queueing costs 1 + 2 TTFT / Em, so a prompt whose wait alone
 // would be as long as a typical request's whole latency (a long prompt behind a long queue, which sets the
@@ -386,13 +387,13 @@ class KvCost final : public RoutingPolicy {
     }
     // The fleet's means the cost weighs with (Terms::cost), and the convex price's scale, the mean end-to-end latency.
     // A mean not known yet is the model's estimate of it (estimated_means()): over the requests priced so far, this
-    // one's included, the mean of what each would have on the candidates, on average: its expected TTFT, its own
+    // one's included, the mean of what each would have on the candidates (their mean): its expected TTFT, its own
     // inter-token latency at the batch it would join, and its end-to-end latency (that TTFT and its output at that
     // latency). Before, the unknown means gave way to a cost in plain seconds, the others' end-to-end delay weighed
     // one for one against the request's TTFT. With long outputs the means take tens of seconds to become known, and
-    // meanwhile a burst piled 17,575 tokens of prefill on the worker with the fewest requests in flight while the
-    // others had none queued (family seed 158: p99 TTFT 1.12x e2's; 1.04x now). With 8 router replicas, each learns
-    // its means from its own requests, 8 times later.
+    // meanwhile a burst piled 17,575 tokens of prefill on the worker with the fewest requests in flight, against
+    // 3,672-8,279 on the others (family seed 158: p99 TTFT 1.12x e2's; 1.04x now). With 8 router replicas, each
+    // learns its means from its own requests, 8 times later.
     RoutingContext::FleetMeans means = ctx.fleet_means;
     double scale = means.e2e_s;
     if (!means.known() && healthy > 0) {
