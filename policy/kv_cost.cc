@@ -348,6 +348,7 @@ class KvCost final : public RoutingPolicy {
     // decode-step time per context token, of an empty batch and at the current batches, and the mean requests in
     // flight.
     std::uint64_t most_matched = 0;
+    std::uint32_t most_blocks = 0;  // the same match in blocks: its last one names the prefix (rent_or_buy)
     double idle_queue_s = std::numeric_limits<double>::infinity(), step_per_token = 0, empty_step = 0,
            mean_step = 0, mean_in_flight = 0;
     std::size_t healthy = 0;
@@ -360,6 +361,7 @@ class KvCost final : public RoutingPolicy {
       mean_step += std::max(w.decode_step_s, 0.0);
       mean_in_flight += w.in_flight;
       most_matched = std::max(most_matched, ctx.matched_tokens(i));
+      most_blocks = std::max(most_blocks, ctx.matched_blocks(i));
       const double queue_s = static_cast<double>(w.pending_prefill_tokens) / std::max(w.prefill_tokens_per_s, 1.0);
       idle_queue_s = std::min(idle_queue_s, queue_s);
     }
@@ -423,7 +425,7 @@ class KvCost final : public RoutingPolicy {
     // `alt`: the cheapest worker that lacks some of the prefix (the rent, below).
     std::optional<std::size_t> best, alt;
     double best_cost = std::numeric_limits<double>::infinity(), best_ttft = 0, best_expected = 0;
-    double alt_cost = std::numeric_limits<double>::infinity();
+    double alt_cost = std::numeric_limits<double>::infinity(), alt_ttft = 0, alt_expected = 0;
     bool best_overloaded = false;
     for (std::size_t k = 0; k < ctx.workers.size(); ++k) {
       const std::size_t i = (k + ctx.sequence) % ctx.workers.size();
@@ -441,6 +443,8 @@ class KvCost final : public RoutingPolicy {
       if (ctx.matched_tokens(i) < most_matched && c < alt_cost) {
         alt = i;
         alt_cost = c;
+        alt_ttft = t.ttft;
+        alt_expected = t.expected;
       }
       // A request opening a session goes to a worker with the fewest live sessions bound (of the prefix's holders,
       // above), then the fewest requests in flight, then the cheapest. Its pick binds the session's later turns,
@@ -474,13 +478,12 @@ class KvCost final : public RoutingPolicy {
       }
     }
     if (!best) return std::nullopt;
-    if (most_matched > 0 && !holders_only && !ctx.opens_session) {
-      if (const auto buy = rent_or_buy(ctx, *best, best_cost, alt, alt_cost, most_matched, idle_steps, means, scale,
-                                       step_per_token, empty_step)) {
-        best = alt;
-        best_ttft = buy->ttft;
-        best_expected = buy->expected;
-      }
+    if (most_matched > 0 && !holders_only && !ctx.opens_session &&
+        rent_or_buy(ctx, *best, best_cost, alt, alt_cost, most_matched, most_blocks, idle_steps, means, scale,
+                    step_per_token, empty_step)) {
+      best = alt;
+      best_ttft = alt_ttft;
+      best_expected = alt_expected;
     }
     const std::uint64_t hit = ctx.matched_tokens(*best);
     Reason reason = Reason::kCold;
@@ -504,36 +507,31 @@ class KvCost final : public RoutingPolicy {
   }
 
   // The rent of pick(), header comment: the request's pick `best` at `best_cost`; `alt`, the cheapest worker lacking
-  // some of the `most_matched` prefix, at `alt_cost`. Returns alt's terms when the request buys the copy there.
-  std::optional<Terms> rent_or_buy(const RoutingContext& ctx, std::size_t best, double best_cost,
-                                   std::optional<std::size_t> alt, double alt_cost, std::uint64_t most_matched,
-                                   double idle_steps, const RoutingContext::FleetMeans& means, double scale,
-                                   double step_per_token, double empty_step) const {
-    std::uint32_t blocks = 0;
-    for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
-      if (ctx.workers[i].healthy) blocks = std::max(blocks, ctx.matched_blocks(i));
-    }
-    if (!ctx.chain || blocks == 0 || blocks > ctx.chain->hashes.size()) return std::nullopt;
-    const std::uint64_t prefix = ctx.chain->hashes[blocks - 1];
+  // some of the `most_matched` prefix (`most_blocks` blocks), at `alt_cost`. True when the request buys the copy
+  // there.
+  bool rent_or_buy(const RoutingContext& ctx, std::size_t best, double best_cost, std::optional<std::size_t> alt,
+                   double alt_cost, std::uint64_t most_matched, std::uint32_t most_blocks, double idle_steps,
+                   const RoutingContext::FleetMeans& means, double scale, double step_per_token,
+                   double empty_step) const {
+    if (!ctx.chain || most_blocks == 0 || most_blocks > ctx.chain->hashes.size()) return false;
+    const std::uint64_t prefix = ctx.chain->hashes[most_blocks - 1];
     if (ctx.matched_tokens(best) < most_matched) {  // the pick copies the prefix itself
       std::lock_guard<std::mutex> lock(state_mu_);
       rent_.erase(prefix);
-      return std::nullopt;
+      return false;
     }
-    if (!alt || ctx.workers[*alt].pending_prefill_tokens > 0) return std::nullopt;
+    if (!alt || ctx.workers[*alt].pending_prefill_tokens > 0) return false;
     const double mm = static_cast<double>(most_matched);
     const double warm = terms(ctx, *alt, mm, step_per_token, empty_step, mm).cost(o_, idle_steps, means, scale);
     const double rent = best_cost - warm;
-    if (rent <= 0) return std::nullopt;
-    {
-      std::lock_guard<std::mutex> lock(state_mu_);
-      if (rent_.size() >= kRentAccounts && !rent_.count(prefix)) rent_.clear();
-      double& paid = rent_[prefix];
-      paid += rent;
-      if (paid < alt_cost - warm) return std::nullopt;
-      rent_.erase(prefix);
-    }
-    return terms(ctx, *alt, mm, step_per_token, empty_step);
+    if (rent <= 0) return false;
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (rent_.size() >= kRentAccounts && !rent_.count(prefix)) rent_.clear();
+    double& paid = rent_[prefix];
+    paid += rent;
+    if (paid < alt_cost - warm) return false;
+    rent_.erase(prefix);
+    return true;
   }
 
   // Accounts kept at most (a prefix each, ~50 bytes): beyond, they start over, which only delays copies.
