@@ -68,6 +68,7 @@ boost::json::object report_json(const RunReport& r) {
     x["evicted_blocks"] = p.evicted_blocks;
     x["decision_us_p50"] = p.decision_us_p50;
     x["staggered_requests"] = p.staggered;
+    x["warm_ups"] = p.warm_ups;
     x["mode"] = mode_name(p.mode);
     x["output_tok_s_total"] = p.output_tok_s_total;
     x["ttft_cold_mean_s"] = p.ttft_cold.mean;

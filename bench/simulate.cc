@@ -433,7 +433,18 @@ class FleetSim {
     std::uint32_t cached = 0;
     hashing::ComputingPrefixes::Token computing = 0;  // the blocks it computes, until its first token
     std::unique_ptr<sim::SimRequest> held;            // while held: the request, sent when released
+    std::uint64_t source = 0;                         // a warm-up: the request whose prompt it computes
   };
+
+  // Warm-ups (policy::Pick::warm) have ids from here on: the prompt of a request sent to a second worker for one
+  // output token, off any request's path. They load the worker like any request but are not users' requests: no
+  // latency, learned rate or throughput counts them.
+  static constexpr std::uint64_t kWarmIds = std::uint64_t{1} << 62;
+  static bool is_warm(std::uint64_t id) { return id >= kWarmIds; }
+  Flight& flight(std::uint64_t id) { return is_warm(id) ? warms_.at(id) : flights_[id]; }
+  const Request& request_of(std::uint64_t id) {
+    return w_.requests[is_warm(id) ? warms_.at(id).source : id];
+  }
 
   class Sink final : public sim::EngineSink {
    public:
@@ -442,8 +453,8 @@ class FleetSim {
       sim_->first_token(w_, id, t, cached);
     }
     void on_finish(std::uint64_t id, double t, const sim::Usage& u) override { sim_->finish(w_, id, t, u); }
-    void on_token(std::uint64_t, double t, std::uint32_t) override {
-      if (t <= sim_->last_arrival_) ++sim_->tokens_in_window_;
+    void on_token(std::uint64_t id, double t, std::uint32_t) override {
+      if (t <= sim_->last_arrival_ && !is_warm(id)) ++sim_->tokens_in_window_;
     }
     void on_blocks_stored(std::span<const std::uint64_t> h, std::optional<std::uint64_t>, std::uint64_t,
                           std::uint32_t, sim::Medium m, double t) override {
@@ -481,7 +492,7 @@ class FleetSim {
           ++i;
           continue;
         }
-        Flight& f = flights_[ws.held[i].id];
+        Flight& f = flight(ws.held[i].id);
         if (!engines_[e].submit(std::move(*f.held), te)) unsubmit(static_cast<WorkerId>(e), ws.held[i].id, f, te);
         f.held.reset();
         ws.held[i] = ws.held.back();
@@ -501,13 +512,13 @@ class FleetSim {
   }
 
   void first_token(WorkerId w, std::uint64_t id, double t, std::uint32_t cached) {
-    Flight& f = flights_[id];
+    Flight& f = flight(id);
     WorkerState& ws = workers_[w];
     Replica& rep = *reps_[f.replica];
     RouterLoad& l = rep.load[w];
     f.first_token = t;
     f.cached = cached;
-    rep.latencies.first_token(t - f.arrival);
+    if (!is_warm(id)) rep.latencies.first_token(t - f.arrival);
     l.pending_prefill -= std::min(l.pending_prefill, f.predicted_uncached);
     l.prefill_queue.remove(id, /*first_token=*/true, t);
     // The router sees a streamed first token: when the worker's event stored the last block this request
@@ -521,12 +532,12 @@ class FleetSim {
     // engine emitted that event (kv_event() applies it at once, dated when it arrives), so the held requests
     // are found by the block they wait for.
     if (sharing_ && unstored) {
-      const auto& chain = w_.requests[id].chain.hashes;
+      const auto& chain = request_of(id).chain.hashes;
       for (auto& h : ws.held)
         if (h.replica != f.replica && std::find(chain.begin(), chain.end(), h.block) != chain.end())
           h.release_at = std::min(h.release_at, t + o_.sync_delay_s);
     }
-    l.active_decode += w_.requests[id].prompt_tokens;
+    l.active_decode += request_of(id).prompt_tokens;
     // The worker's decode context as the daemon learns from it (the view it priced: its own load plus what the
     // other replicas' published load and records add), not this replica's share alone.
     f.decode_context = l.active_decode;
@@ -534,7 +545,7 @@ class FleetSim {
   }
 
   void finish(WorkerId w, std::uint64_t id, double t, const sim::Usage& u) {
-    Flight& f = flights_[id];
+    Flight& f = flight(id);
     Replica& rep = *reps_[f.replica];
     RouterLoad& l = rep.load[w];
     f.finish = t;
@@ -542,7 +553,11 @@ class FleetSim {
     l.in_flight -= 1;
     ++l.ended;
     l.inflight_kv -= std::min(l.inflight_kv, f.kv_tokens);
-    l.active_decode -= std::min<std::uint64_t>(l.active_decode, w_.requests[id].prompt_tokens);
+    l.active_decode -= std::min<std::uint64_t>(l.active_decode, request_of(id).prompt_tokens);
+    if (is_warm(id)) {
+      warms_.erase(id);
+      return;
+    }
     // What the daemon learns from a completed response: TTFT at the client, usage.cached_tokens, ITL.
     policy::RateObservation obs;
     obs.ttft_s = f.first_token - f.arrival;
@@ -874,6 +889,55 @@ class FleetSim {
     l.inflight_kv += f.kv_tokens;
     l.pending_prefill += f.predicted_uncached;
     ws.routed += 1;
+    if (pick && pick->warm && *pick->warm != wi) warm_up(r, *pick->warm, ctx, replica, t);
+  }
+
+  // A warm-up (policy::Pick::warm): request r's prompt sent to worker `wi` as well, for one output token. As the
+  // daemon's: loaded and recorded as a routed request (the index predicts the copy there), not a user's request.
+  void warm_up(const Request& r, std::size_t wi, const policy::RoutingContext& ctx, std::size_t replica, double t) {
+    Replica& rep = *reps_[replica];
+    const auto w = static_cast<WorkerId>(wi);
+    const std::uint64_t id = kWarmIds + next_warm_++;
+    Flight& f = warms_[id];
+    f.source = r.id;
+    f.worker = w;
+    f.replica = static_cast<std::uint32_t>(replica);
+    f.arrival = t;
+    const std::uint64_t predicted_cached = uses_match_ ? ctx.matched_tokens(wi) : 0;
+    f.predicted_uncached = r.prompt_tokens - std::min<std::uint64_t>(r.prompt_tokens, predicted_cached);
+    const std::uint32_t mb = holds_ ? ctx.matched_blocks(wi) : 0;
+    if (holds_) {
+      f.computing = rep.computing.begin(w, r.chain.hashes, mb, t);
+      rep.index.record_routed(w, r.chain.hashes, mb);
+    } else if (uses_match_) {
+      rep.index.record(w, r.chain.hashes,
+                       run_.mode == IndexMode::kPrecise ? hashing::Tier::kGpu : hashing::Tier::kPredicted);
+    }
+    sim::SimRequest req;
+    req.id = id;
+    req.block_hashes.assign(r.chain.hashes.begin(), r.chain.hashes.end());
+    req.prompt_tokens = r.prompt_tokens;
+    req.max_tokens = 1;
+    if (!engines_[wi].submit(std::move(req), t)) {
+      rep.computing.end(w, f.computing);
+      warms_.erase(id);
+      return;
+    }
+    f.submitted = true;
+    ++warm_ups_;
+    RouterLoad& l = rep.load[wi];
+    const double prefill_s = policy::prefill_seconds(static_cast<double>(f.predicted_uncached),
+                                                     static_cast<double>(r.prompt_tokens - f.predicted_uncached),
+                                                     views_[wi].prefill_tokens_per_s);
+    if (sharing_) {
+      stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), w, r.id, 0, mb,
+                         ++rep.routed_seq, {1, f.predicted_uncached, 0, prefill_s, 0}});
+    }
+    l.prefill_queue.add(id, prefill_s, t);
+    l.in_flight += 1;
+    f.kv_tokens = f.predicted_uncached + 1;
+    l.inflight_kv += f.kv_tokens;
+    l.pending_prefill += f.predicted_uncached;
   }
 
   // A held request the engine refused when it was released: undoes what routing it counted.
@@ -939,6 +1003,7 @@ class FleetSim {
     res.decision_us_p50 = percentile(d, 0.5);
     res.decision_us_p99 = percentile(d, 0.99);
     res.staggered = staggered_;
+    res.warm_ups = warm_ups_;
     return res;
   }
 
@@ -952,6 +1017,9 @@ class FleetSim {
   std::vector<WorkerState> workers_;
   std::vector<policy::WorkerView> views_;
   std::vector<Flight> flights_;
+  std::unordered_map<std::uint64_t, Flight> warms_;  // warm-ups in flight, by id (kWarmIds on)
+  std::uint64_t next_warm_ = 0;
+  std::uint64_t warm_ups_ = 0;
   std::vector<std::unique_ptr<Replica>> reps_;  // arrival i goes to reps_[i % size]
   std::uint64_t staggered_ = 0;                 // arrivals routed later, in turn (BurstStagger)
   bool sharing_ = false;                        // several replicas, sharing through "Redis"

@@ -124,6 +124,7 @@ struct PolicyResult {
   std::uint64_t preemptions = 0;
   double decision_us_p50 = 0, decision_us_p99 = 0;
   std::uint64_t staggered = 0;      // requests a replica routed later, in turn (SimOptions::stagger)
+  std::uint64_t warm_ups = 0;       // prompts sent to a second worker to copy a prefix there (policy::Pick::warm)
   double wall_s = 0;                // wall-clock time of this run
   std::vector<double> ttfts;        // sorted, for CDF plots
 };

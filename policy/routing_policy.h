@@ -214,6 +214,9 @@ struct Pick {
   // The TTFT the policy expects, for reporting (RoutingPolicy::expected_ttft), 0 when it has no such model.
   // estimate_s is what routing compares; this one drops what is priced for routing's sake (see kv_cost).
   double expected_ttft_s = 0.0;
+  // Another worker to compute the request's prompt on as well, off this request's path (kv_cost's bought copy of a
+  // prefix, policy/kv_cost.cc): the router sends it the prompt alone, for one output token, and discards the answer.
+  std::optional<std::size_t> warm{};  // index into RoutingContext::workers
 };
 
 // The TTFT the router reports before the learned correction: the pick's expected TTFT, or, for a policy

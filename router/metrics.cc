@@ -186,6 +186,13 @@ RouterMetrics::RouterMetrics()
   prefix_hold_seconds_ = counter(*registry_, "kvroute_prefix_hold_seconds_total", "Seconds requests spent held for a prefix being computed (--prefix-hold)");
   staggered_ = counter(*registry_, "kvroute_staggered_requests_total", "Requests that waited for their turn among the router replicas before being routed: they came in a burst that reached several replicas at once (--shared-state-stagger)");
   stagger_seconds_ = counter(*registry_, "kvroute_stagger_seconds_total", "Seconds requests waited for their turn among the router replicas (--shared-state-stagger)");
+  auto& warm_ups = prometheus::BuildCounter()
+                       .Name("kvroute_warm_ups_total")
+                       .Help("Prompts sent alone to a second worker to copy their prefix there, off any request's path (kv_cost's "
+                             "bought copies, --warm-ups), by outcome: answered by the worker, or failed (refused, broken, timed out)")
+                       .Register(*registry_);
+  warm_ups_answered_ = &warm_ups.Add({{"outcome", "answered"}});
+  warm_ups_failed_ = &warm_ups.Add({{"outcome", "failed"}});
   auto& lookups = prometheus::BuildCounter()
                       .Name("kvroute_response_lookups_total")
                       .Help("Responses API ids this router had not seen made, looked up on the workers, by result")

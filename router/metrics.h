@@ -192,6 +192,8 @@ class RouterMetrics {
     prefix_holds_->Increment();
     prefix_hold_seconds_->Increment(seconds);
   }
+  // A warm-up (router/warm_up.h) ended: answered by its worker, or not (refused, failed, timed out).
+  void warm_up(bool answered) { (answered ? warm_ups_answered_ : warm_ups_failed_)->Increment(); }
   // A request waited `seconds` for its turn among the replicas before being routed (Router::stagger_s).
   void staggered(double seconds) {
     staggered_->Increment();
@@ -278,6 +280,8 @@ class RouterMetrics {
   prometheus::Counter* prefix_holds_;
   prometheus::Counter* prefix_hold_seconds_;
   prometheus::Counter* staggered_;
+  prometheus::Counter* warm_ups_answered_;
+  prometheus::Counter* warm_ups_failed_;
   prometheus::Counter* stagger_seconds_;
   prometheus::Family<prometheus::Counter>& tokenize_total_;
   prometheus::Histogram* tokenize_seconds_;

@@ -7,7 +7,8 @@
 //   pick          policy_->pick(), pure
 //   commit()      what the decision changes: the worker's pending prefill, the index (predicted or expected
 //                 blocks), prefixes being computed (prefix holds), the session binding, the other replicas,
-//                 the metrics and the pool-as-one-cache reference
+//                 the metrics and the pool-as-one-cache reference; and the same for a warm-up the pick names
+//                 (commit_warm_up(): a prefix's copy made off the request's path, sent by router/warm_up.h)
 //
 // The rest of the Router (first byte, completion, sessions, response owners) is in router.cc.
 #include "router/router.h"
@@ -86,6 +87,7 @@ Result<Decision> Router::route(const RoutableRequest& request, std::span<const h
   }
   d.start = t0;
   commit(d, request, ctx, session);
+  if (pick->warm && *pick->warm != pick->worker) d.warm_up = commit_warm_up(request, ctx, *workers, *pick->warm, t0);
 
   // What one cache holding the whole KV capacity of the chosen worker's pool (the workers that can hold the
   // same blocks) would have served; measured only while every routable worker of the pool has a known
@@ -189,28 +191,55 @@ void Router::context(const RoutableRequest& request, std::vector<policy::WorkerV
 
 void Router::commit(Decision& d, const RoutableRequest& request, const policy::RoutingContext& ctx,
                     const Session& session) {
-  const std::size_t at = d.pick.worker;
-  d.prompt_tokens = request.prompt_tokens;
-  d.uncached_tokens = request.prompt_tokens - std::min(request.prompt_tokens, d.pick.predicted_cached_tokens);
+  const policy::WorkerView& chosen = ctx.workers[d.pick.worker];
   d.session_key = request.session_key;
   d.streamed = request.stream;
   d.background = request.background;
-  const policy::WorkerView& chosen = ctx.workers[at];
   d.queue_s = static_cast<double>(chosen.pending_prefill_tokens) / std::max(chosen.prefill_tokens_per_s, 1.0);
   d.estimated_ttft_s = policy::uncorrected_ttft_estimate(d.pick, chosen);
   d.reported_ttft_s = policy::corrected_ttft_estimate(d.pick, chosen);
   d.decode_context_tokens = chosen.active_decode_tokens;
+  if (!session.id.empty()) bind_session(session.id, d.worker->id());
+  begin_routed(d, request, ctx, session.hash, /*may_hold=*/request.session_key.empty(), request.max_tokens);
+  metrics_.routed(std::string(policy::reason_name(d.pick.reason)));
+  if (auto s = metrics_.worker(d.worker->id())) {
+    s->requests->Increment();
+    s->in_flight->Set(d.worker->in_flight());
+    s->predicted_cached_tokens->Increment(static_cast<double>(d.pick.predicted_cached_tokens));
+  }
+  metrics_.decision_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count());
+}
 
+std::shared_ptr<Decision> Router::commit_warm_up(const RoutableRequest& request, const policy::RoutingContext& ctx,
+                                                 const backends::WorkerList& workers, std::size_t at,
+                                                 std::chrono::steady_clock::time_point start) {
+  if (!config_.warm_ups || request.endpoint == Endpoint::kResponses) return nullptr;
+  auto d = std::make_shared<Decision>();
+  d->worker = workers[at];
+  d->pick.worker = at;
+  d->pick.reason = policy::Reason::kPrefixHit;
+  d->pick.predicted_cached_tokens = ctx.matched_tokens(at);
+  d->start = start;
+  // One output token: the prompt's prefill is the copy; what the worker answers is dropped.
+  begin_routed(*d, request, ctx, /*session_hash=*/0, /*may_hold=*/false, /*max_tokens=*/1);
+  return d;
+}
+
+void Router::begin_routed(Decision& d, const RoutableRequest& request, const policy::RoutingContext& ctx,
+                          std::uint64_t session_hash, bool may_hold, std::uint32_t max_tokens) {
+  const std::size_t at = d.pick.worker;
+  d.prompt_tokens = request.prompt_tokens;
+  d.uncached_tokens = request.prompt_tokens - std::min(request.prompt_tokens, d.pick.predicted_cached_tokens);
   // Observer: the worker will hold this prefix once it has prefilled it. In approximate mode that prediction
   // is all the router has (capacity-bounded LRU). In precise mode the worker's events are the truth, but they
   // come only after the prefill, so a burst on a new prefix would see it cold everywhere: the router adds the
   // routed chain's missing blocks as predicted at once (as Dynamo's KV router tracks in-flight blocks), the
   // events confirm them, and whatever is still unconfirmed when the request ends is dropped. Only token
   // chains can be confirmed (events carry token ids), so text chains are not recorded.
-  d.kv_tokens = d.uncached_tokens + policy::expected_output_tokens(request.max_tokens);
-  const double prefill_s =
-      policy::prefill_seconds(static_cast<double>(d.uncached_tokens),
-                              static_cast<double>(request.prompt_tokens - d.uncached_tokens), chosen.prefill_tokens_per_s);
+  d.kv_tokens = d.uncached_tokens + policy::expected_output_tokens(max_tokens);
+  const double prefill_s = policy::prefill_seconds(static_cast<double>(d.uncached_tokens),
+                                                   static_cast<double>(request.prompt_tokens - d.uncached_tokens),
+                                                   ctx.workers[at].prefill_tokens_per_s);
   d.prefill_ticket = d.worker->begin(d.uncached_tokens, prefill_s, d.kv_tokens);
   const bool expected = d.worker->precise() && request.chain.unit == hashing::Unit::kToken;
   if (!d.worker->precise()) {
@@ -221,7 +250,7 @@ void Router::commit(Decision& d, const RoutableRequest& request, const policy::R
       // until that lands (prefix_held()). Its own blocks beyond the match are computing until its first byte.
       const std::uint32_t m = ctx.matched_blocks(at);
       const auto id = d.worker->id();
-      if (m > 0 && request.session_key.empty() && computing_.holds_help(id)) {
+      if (m > 0 && may_hold && computing_.holds_help(id)) {
         if (auto leader = computing_.computing(id, m - 1, request.chain.hashes[m - 1])) {
           d.hold_leader = *leader;
           d.hold_block = request.chain.hashes[m - 1];
@@ -234,7 +263,6 @@ void Router::commit(Decision& d, const RoutableRequest& request, const policy::R
     index_.expect(d.worker->id(), request.chain.hashes);
     d.expected = request.chain.hashes;
   }
-  if (!session.id.empty()) bind_session(session.id, d.worker->id());
   // The other replicas apply what this one predicted, the load it adds to the worker (until this replica's
   // next published load covers it) and the session it bound. In precise mode every replica reads the worker's
   // own events, but those come only after the prefill: the others expect the chain as this replica does, and
@@ -242,16 +270,9 @@ void Router::commit(Decision& d, const RoutableRequest& request, const policy::R
   if (auto* shared = shared_.load(std::memory_order_acquire)) {
     const bool send_chain = !d.worker->precise() || expected;
     shared->routed(d.worker->endpoint().url, request.chain.root,
-                   send_chain ? std::span(request.chain.hashes) : std::span<const hashing::BlockHash>(), session.hash,
+                   send_chain ? std::span(request.chain.hashes) : std::span<const hashing::BlockHash>(), session_hash,
                    policy::LoadShare{1, d.uncached_tokens, 0, prefill_s, 0}, expected ? ctx.matched_blocks(at) : 0);
   }
-  metrics_.routed(std::string(policy::reason_name(d.pick.reason)));
-  if (auto s = metrics_.worker(d.worker->id())) {
-    s->requests->Increment();
-    s->in_flight->Set(d.worker->in_flight());
-    s->predicted_cached_tokens->Increment(static_cast<double>(d.pick.predicted_cached_tokens));
-  }
-  metrics_.decision_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count());
 }
 
 }  // namespace kvroute::router

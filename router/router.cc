@@ -261,6 +261,19 @@ void Router::end_load(Decision& d) {
   d.worker->end(d.prefill_ticket, d.first_byte_seen, d.uncached_tokens, d.prompt_tokens, d.kv_tokens);
 }
 
+void Router::warm_up_done(Decision& d, bool answered) {
+  if (d.load_ended) return;
+  if (answered) {
+    // Not streamed: the answer is whole, its prefill long done. What the worker's queue says of its first token.
+    d.first_byte_seen = true;
+    d.worker->first_token(d.prefill_ticket, d.uncached_tokens, d.prompt_tokens);
+  }
+  computing_done(d, /*first_token=*/false);
+  end_load(d);
+  metrics_.warm_up(answered);
+  if (!d.worker->removed() && !d.expected.empty()) index_.drop_unconfirmed(d.worker->id(), d.expected);
+}
+
 void Router::complete(Decision& d, const Outcome& outcome) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - d.start).count();
   computing_done(d, /*first_token=*/false);

@@ -75,6 +75,9 @@ struct Decision {
   hashing::ComputingPrefixes::Token hold_leader = 0;  // 0: not held
   hashing::BlockHash hold_block = 0;
   std::chrono::steady_clock::time_point hold_until;
+  // A copy of the request's prefix bought off its path (policy::Pick::warm): the second worker's own decision,
+  // committed with this one; the caller sends it (router/warm_up.h) and ends it with Router::warm_up_done().
+  std::shared_ptr<Decision> warm_up;
 };
 
 struct Usage {
@@ -110,6 +113,9 @@ class Router {
   // its own last one). No-op for a background request, whose load complete() or hold_answered() settles.
   void worker_done(Decision& d);
   void complete(Decision& d, const Outcome& outcome);
+  // A warm-up (Decision::warm_up) ended: its load on the worker ends, and its predicted blocks the worker has not
+  // confirmed go. `answered`: the worker answered it (the prompt is in its cache).
+  void warm_up_done(Decision& d, bool answered);
   // kv_cost's prefix hold. A request route() sent to a worker in precise mode, with no session, whose matched
   // prefix there ends in a block that an earlier request is still computing (hashing/computing_prefixes.h)
   // has d.hold_leader set: the caller sends it only once prefix_held() turns false, which is when that
@@ -215,6 +221,17 @@ class Router {
   void context(const RoutableRequest& request, std::vector<policy::WorkerView>& views,
                hashing::PrefixIndex::Match& match, policy::RoutingContext& ctx, Session& session);
   void commit(Decision& d, const RoutableRequest& request, const policy::RoutingContext& ctx, const Session& session);
+  // The warm-up of a pick that names one (policy::Pick::warm): committed as a request to that worker would be,
+  // without a session, a prefix hold or the request metrics; nullptr when warm-ups are off or the request is not
+  // one a warm-up can copy (a Responses API request: its body would store a response).
+  std::shared_ptr<Decision> commit_warm_up(const RoutableRequest& request, const policy::RoutingContext& ctx,
+                                           const backends::WorkerList& workers, std::size_t at,
+                                           std::chrono::steady_clock::time_point start);
+  // commit()'s observer part, shared with warm-ups: the load begins on the worker, the index predicts or expects
+  // the chain there, its blocks are computing (prefix holds, when `may_hold` lets this request be held), and the
+  // other replicas hear of it.
+  void begin_routed(Decision& d, const RoutableRequest& request, const policy::RoutingContext& ctx,
+                    std::uint64_t session_hash, bool may_hold, std::uint32_t max_tokens);
   void match_prefix(const RoutableRequest& request, hashing::PrefixIndex::Match& out) const;
   // Load shedding, for a sheddable request: keeps only the candidates with room (--shed-queue-depth,
   // --shed-kv-usage), so it adds nothing to a saturated worker's queue; false when none has room. The

@@ -5,6 +5,7 @@
 #include "net/resource_errors.h"
 #include "router/api/endpoints.h"
 #include "router/log.h"
+#include "router/warm_up.h"
 
 namespace kvroute::router::api {
 
@@ -183,6 +184,11 @@ void ApiHandler::note_decision() {
   access_.reason = policy::reason_name(decision_->pick.reason);
   access_.prompt_tokens = decision_->prompt_tokens;
   access_.predicted_cached_tokens = decision_->pick.predicted_cached_tokens;
+  if (decision_->warm_up) {
+    const StringRequest& req = session_.request();
+    send_warm_up(svc_, session_.executor(), std::move(decision_->warm_up), std::string(req.target()),
+                 up_body_.empty() ? std::string_view(req.body()) : std::string_view(up_body_));
+  }
 }
 
 }  // namespace kvroute::router::api

@@ -87,6 +87,7 @@ class ApiHandler final : public RequestHandler, public ExchangeEvents {
   void on_hold_wake(std::uint64_t seq);
   void end_hold();
   bool held_for_prefix() const { return decision_ && decision_->hold_leader != 0; }
+  // The decision in the access log; and its warm-up, when the pick bought one (router/warm_up.h), sent.
   void note_decision();
 
   // ---- failover (failover.cc) ----

@@ -346,31 +346,36 @@ TEST(KvCost, BeforeTheMeansAreKnownEachIsTheModelsOwnEstimate) {
 
 // Rent or buy (policy/kv_cost.cc): a request that stays on its prefix's holder where the other worker would serve it
 // for less with a copy pays the difference as rent into the prefix's account; once the account reaches what the
-// copy costs on top, the request makes the copy. The holder has 20 requests in flight: each request's cheapest
-// choice is to stay, and the third buys (the scene does not change, so it goes on renting and buying in turn).
+// copy costs on top, the copy is bought, off any request's path: the request still goes to the holder, and its pick
+// names the other worker to warm (Pick::warm). The holder has 20 requests in flight: each request's cheapest choice
+// is to stay, and the third buys (the scene does not change, so it goes on renting and buying in turn).
 TEST(KvCost, APrefixsRequestsBuyACopyOnceTheRentTheyPaidReachesItsPrice) {
   auto p = make("kv_cost");
   Scene s = holder_and_other();
   s.workers[0].in_flight = 20;
   s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 0.03, .e2e_s = 10.0};
-  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 0u);  // the cheapest worker
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  // Each request stays on the holder, the cheapest worker, and pays rent until the copy is bought.
+  auto stays = [&](const std::optional<Pick>& pick) { return pick && pick->worker == 0 && !pick->warm; };
+  EXPECT_TRUE(stays(fresh_kv_cost_pick(s.context())));
+  EXPECT_TRUE(stays(p->pick(s.context())));
+  EXPECT_TRUE(stays(p->pick(s.context())));
+  // The copy is made off the request's path: it still goes to the holder, and the router warms the other worker.
   const auto buy = p->pick(s.context());
-  EXPECT_EQ(buy->worker, 1u);
-  EXPECT_EQ(buy->reason, Reason::kLoadFallback);
-  EXPECT_EQ(buy->predicted_cached_tokens, 0u);
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);  // the account starts again
+  EXPECT_EQ(buy->worker, 0u);
+  EXPECT_EQ(buy->reason, Reason::kPrefixHit);
+  EXPECT_EQ(buy->predicted_cached_tokens, s.context().matched_tokens(0));
+  EXPECT_EQ(buy->warm, std::optional<std::size_t>(1));
+  EXPECT_TRUE(stays(p->pick(s.context())));  // the account starts again
   // Another prefix (its deepest held block differs) has an account of its own: its rent does not bring the first
   // one's copy nearer.
   s.chain.hashes[7] = 1;
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  EXPECT_TRUE(stays(p->pick(s.context())));
   s.chain.hashes[7] = 0;
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
-  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  EXPECT_TRUE(stays(p->pick(s.context())));
+  EXPECT_EQ(p->pick(s.context())->warm, std::optional<std::size_t>(1));
   // No rent accrues while the other worker has prefill queued: a copy there would delay it.
   s.workers[1].pending_prefill_tokens = 100;
-  for (int k = 0; k < 10; ++k) EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  for (int k = 0; k < 10; ++k) EXPECT_TRUE(stays(p->pick(s.context())));
 }
 
 // The request's own inter-token latency counts the requests in flight on a worker at least as its own context each:
