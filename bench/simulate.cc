@@ -833,7 +833,10 @@ class FleetSim {
     if (uses_match_ && !o_.dump_dir.empty())
       for (std::size_t i = 0; i < views_.size(); ++i) f.best_matched = std::max(f.best_matched, ctx.matched_tokens(i));
     f.bound = preferred ? static_cast<int>(*preferred) : -1;
-    if (r.session != 0) rep.sessions[r.session] = {wi, t};
+    // The session is bound where the pick says: kv_cost may bind an opening to another worker than its first turn's
+    // (policy::Pick::session_worker), which a warm-up then copies the prompt to.
+    const std::size_t bound_to = pick && pick->session_worker ? *pick->session_worker : wi;
+    if (r.session != 0) rep.sessions[r.session] = {bound_to, t};
 
     // kv_cost's prefix hold, as the daemon does it (router/router.h, Router::route): in precise mode, a request
     // without a session whose matched prefix ends in a block an earlier request is still computing on the
@@ -880,8 +883,8 @@ class FleetSim {
                                                      static_cast<double>(r.prompt_tokens - f.predicted_uncached),
                                                      views_[wi].prefill_tokens_per_s);
     if (sharing_) {
-      stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), w, r.id, r.session, mb,
-                         ++rep.routed_seq, {1, f.predicted_uncached, 0, prefill_s, 0}});
+      stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), w, r.id, bound_to == wi ? r.session : 0,
+                         mb, ++rep.routed_seq, {1, f.predicted_uncached, 0, prefill_s, 0}});
     }
     l.prefill_queue.add(r.id, prefill_s, t);
     l.in_flight += 1;
@@ -889,12 +892,14 @@ class FleetSim {
     l.inflight_kv += f.kv_tokens;
     l.pending_prefill += f.predicted_uncached;
     ws.routed += 1;
-    if (pick && pick->warm && *pick->warm != wi) warm_up(r, *pick->warm, ctx, replica, t);
+    if (pick && pick->warm && *pick->warm != wi) warm_up(r, *pick->warm, ctx, replica, t, bound_to == *pick->warm ? r.session : 0);
   }
 
   // A warm-up (policy::Pick::warm): request r's prompt sent to worker `wi` as well, for one output token. As the
   // daemon's: loaded and recorded as a routed request (the index predicts the copy there), not a user's request.
-  void warm_up(const Request& r, std::size_t wi, const policy::RoutingContext& ctx, std::size_t replica, double t) {
+  // `session`: the session bound there, which the other replicas learn from its record (0: none).
+  void warm_up(const Request& r, std::size_t wi, const policy::RoutingContext& ctx, std::size_t replica, double t,
+               std::uint64_t session) {
     Replica& rep = *reps_[replica];
     const auto w = static_cast<WorkerId>(wi);
     const std::uint64_t id = kWarmIds + next_warm_++;
@@ -930,7 +935,7 @@ class FleetSim {
                                                      static_cast<double>(r.prompt_tokens - f.predicted_uncached),
                                                      views_[wi].prefill_tokens_per_s);
     if (sharing_) {
-      stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), w, r.id, 0, mb,
+      stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), w, r.id, session, mb,
                          ++rep.routed_seq, {1, f.predicted_uncached, 0, prefill_s, 0}});
     }
     l.prefill_queue.add(id, prefill_s, t);

@@ -430,6 +430,9 @@ class KvCost final : public RoutingPolicy {
     double best_cost = std::numeric_limits<double>::infinity(), best_ttft = 0, best_expected = 0;
     double alt_cost = std::numeric_limits<double>::infinity();
     bool best_overloaded = false;
+    std::optional<std::size_t> holder;  // a session opening: the prefix's cheapest holder (below the loop)
+    double holder_cost = std::numeric_limits<double>::infinity(), holder_ttft = 0, holder_expected = 0;
+    bool holder_overloaded = false;
     for (std::size_t k = 0; k < ctx.workers.size(); ++k) {
       const std::size_t i = (k + ctx.sequence) % ctx.workers.size();
       const WorkerView& w = ctx.workers[i];
@@ -446,6 +449,13 @@ class KvCost final : public RoutingPolicy {
       if (ctx.matched_tokens(i) < most_matched && c < alt_cost) {
         alt = i;
         alt_cost = c;
+      }
+      if (ctx.opens_session && most_matched > 0 && ctx.matched_tokens(i) == most_matched && c < holder_cost) {
+        holder = i;
+        holder_cost = c;
+        holder_ttft = t.ttft;
+        holder_expected = t.expected;
+        holder_overloaded = t.ttft > scale && static_cast<double>(w.in_flight) > mean_in_flight;
       }
       // A request opening a session goes to a worker with the fewest live sessions bound (of the prefix's holders,
       // above), then the fewest requests in flight, then the cheapest. Its pick binds the session's later turns,
@@ -479,9 +489,24 @@ class KvCost final : public RoutingPolicy {
       }
     }
     if (!best) return std::nullopt;
+    // A session opening that the balance sends to a worker without its prefix (every holder has more sessions bound
+    // than the fleet's mean) computes the prefix there on its own path. Where the prefix's cheapest holder would
+    // serve this first turn for less, and the balance's worker has no prefill queued, the turn goes to the holder and
+    // the session is bound to the balance's worker, its prompt warmed there (Pick::session_worker, Pick::warm): the
+    // later turns find the prefix there, and the first one does not wait for the copy. Family seed 86 (5 tenants of
+    // 61K tokens, chat, load 0.23): the first sessions' openings each computed 61K tokens (3.4 s) for the balance, p99
+    // TTFT 13.7x cache_aware's; 1.05x so (docs/benchmarks.md, "A session's first turn on its prefix's holder").
+    std::optional<std::size_t> warm, session_worker;
+    if (holder && ctx.matched_tokens(*best) < most_matched && !holder_overloaded && holder_cost < best_cost &&
+        ctx.workers[*best].pending_prefill_tokens == 0) {
+      session_worker = best;
+      warm = best;
+      best = holder;
+      best_ttft = holder_ttft;
+      best_expected = holder_expected;
+    }
     // A copy the rent bought is made off any request's path: this request stays where it costs least, and the
     // router sends `alt` the prompt alone (Pick::warm).
-    std::optional<std::size_t> warm;
     if (most_matched > 0 && !holders_only && !ctx.opens_session &&
         rent_or_buy(ctx, *best, best_cost, alt, alt_cost, most_matched, most_blocks, idle_steps, means, scale,
                     step_per_token, empty_step)) {
@@ -491,7 +516,7 @@ class KvCost final : public RoutingPolicy {
     Reason reason = Reason::kCold;
     if (hit > 0 && hit == most_matched) reason = Reason::kPrefixHit;
     else if (most_matched > 0) reason = Reason::kLoadFallback;
-    return Pick{*best, reason, hit, best_ttft, itl_estimate(ctx, *best), best_expected, warm};
+    return Pick{*best, reason, hit, best_ttft, itl_estimate(ctx, *best), best_expected, warm, session_worker};
   }
 
  private:

@@ -217,6 +217,9 @@ struct Pick {
   // Another worker to compute the request's prompt on as well, off this request's path (kv_cost's bought copy of a
   // prefix, policy/kv_cost.cc): the router sends it the prompt alone, for one output token, and discards the answer.
   std::optional<std::size_t> warm{};  // index into RoutingContext::workers
+  // The worker the session this request opens is bound to, when it is not `worker` (kv_cost: the first turn goes to
+  // its prefix's holder, the session where the balance wants it, and `warm` copies the prompt there).
+  std::optional<std::size_t> session_worker{};  // index into RoutingContext::workers
 };
 
 // The TTFT the router reports before the learned correction: the pick's expected TTFT, or, for a policy

@@ -262,7 +262,7 @@ const std::vector<Option>& options() {
        DOUBLE_OPT(session_margin_s, 0, 1e6)},
       {"prefix-hold", "SECONDS", "kv_cost, on workers in precise mode: a request whose prefix an earlier request is still computing on the chosen worker waits for that prefix (the earlier request's first token, or the worker's KV event storing it) for at most this long instead of computing it again; not on workers seen to make blocks hits when they schedule them (vLLM v1); 0 never holds (default 0.4)",
        DOUBLE_OPT(prefix_hold_s, 0, 60)},
-      {"warm-ups", "BOOL", "kv_cost: when a prefix's requests have paid for a copy of it on another worker in the time they spent on its busy holders, send that worker the prompt alone (one output token, the answer dropped) so that the next ones find it there; false makes no such copy (default true)",
+      {"warm-ups", "BOOL", "kv_cost: when a prefix's requests have paid for a copy of it on another worker in the time they spent on its busy holders, send that worker the prompt alone (one output token, the answer dropped) so that the next ones find it there; likewise the worker a new session is bound to when its first turn goes to the prefix's holder; false makes no such copy (default true)",
        [](Config& c, const std::string& v) { return parse_bool(v, c.warm_ups); }},
       {"max-held-body-bytes", "N",
        "request bodies held at once over all connections; a request beyond it is read once others end (default "

@@ -95,8 +95,9 @@ struct Config {
   // for at most this long (hashing/computing_prefixes.h); 0 never holds. 0.4 s: the benchmark's default (1 s
   // lost two synthetic-trace cells: a long prompt held behind another's prefill loses its place in the queue).
   double prefix_hold_s = 0.4;
-  // kv_cost's bought copies of a prefix are made off any request's path: the worker gets the prompt alone, for
-  // one output token (router/warm_up.h). Off: the copy is not made at all (the request stays where it is).
+  // kv_cost's bought copies of a prefix, and the prefix of a session bound elsewhere than its first turn, are made
+  // off any request's path: the worker gets the prompt alone, for one output token (router/warm_up.h). Off: a bought
+  // copy is not made at all (the request stays where it is), and a session is bound where its first turn goes.
   bool warm_ups = true;
   // Session bindings held at most (about 140 bytes each, plus keys longer than 15 bytes); beyond it the least
   // recently used is forgotten. Clients that send a new session id or `user` with every request would

@@ -78,6 +78,11 @@ Result<Decision> Router::route(const RoutableRequest& request, std::span<const h
   Decision d;
   d.worker = (*workers)[pick->worker];
   d.pick = *pick;
+  if (!config_.warm_ups || request.endpoint == Endpoint::kResponses) {
+    // No warm-up can copy the prompt (router/warm_up.h): no copy is made, and a session stays with its first turn.
+    d.pick.warm.reset();
+    d.pick.session_worker.reset();
+  }
   if (owner_at) d.pick.reason = policy::Reason::kPreviousResponse;
   if (!ctx.match) {
     // Prefix-blind policies still report what the index predicts, so hit-rate truth is comparable.
@@ -87,7 +92,10 @@ Result<Decision> Router::route(const RoutableRequest& request, std::span<const h
   }
   d.start = t0;
   commit(d, request, ctx, session);
-  if (pick->warm && *pick->warm != pick->worker) d.warm_up = commit_warm_up(request, ctx, *workers, *pick->warm, t0);
+  if (d.pick.warm && *d.pick.warm != d.pick.worker) {
+    const bool binds = d.pick.session_worker == d.pick.warm;
+    d.warm_up = commit_warm_up(request, ctx, *workers, *d.pick.warm, t0, binds ? session.hash : 0);
+  }
 
   // What one cache holding the whole KV capacity of the chosen worker's pool (the workers that can hold the
   // same blocks) would have served; measured only while every routable worker of the pool has a known
@@ -199,8 +207,13 @@ void Router::commit(Decision& d, const RoutableRequest& request, const policy::R
   d.estimated_ttft_s = policy::uncorrected_ttft_estimate(d.pick, chosen);
   d.reported_ttft_s = policy::corrected_ttft_estimate(d.pick, chosen);
   d.decode_context_tokens = chosen.active_decode_tokens;
-  if (!session.id.empty()) bind_session(session.id, d.worker->id());
-  begin_routed(d, request, ctx, session.hash, /*may_hold=*/request.session_key.empty(), request.max_tokens);
+  // The session is bound where the pick says: kv_cost may bind an opening to another worker than its first turn's
+  // (policy::Pick::session_worker), which the warm-up then copies the prompt to. The other replicas learn the binding
+  // from the routed record of whichever goes there.
+  const std::size_t bound_at = d.pick.session_worker.value_or(d.pick.worker);
+  if (!session.id.empty()) bind_session(session.id, ctx.workers[bound_at].id);
+  begin_routed(d, request, ctx, bound_at == d.pick.worker ? session.hash : 0, /*may_hold=*/request.session_key.empty(),
+               request.max_tokens);
   metrics_.routed(std::string(policy::reason_name(d.pick.reason)));
   if (auto s = metrics_.worker(d.worker->id())) {
     s->requests->Increment();
@@ -212,8 +225,7 @@ void Router::commit(Decision& d, const RoutableRequest& request, const policy::R
 
 std::shared_ptr<Decision> Router::commit_warm_up(const RoutableRequest& request, const policy::RoutingContext& ctx,
                                                  const backends::WorkerList& workers, std::size_t at,
-                                                 std::chrono::steady_clock::time_point start) {
-  if (!config_.warm_ups || request.endpoint == Endpoint::kResponses) return nullptr;
+                                                 std::chrono::steady_clock::time_point start, std::uint64_t session_hash) {
   auto d = std::make_shared<Decision>();
   d->worker = workers[at];
   d->pick.worker = at;
@@ -221,7 +233,7 @@ std::shared_ptr<Decision> Router::commit_warm_up(const RoutableRequest& request,
   d->pick.predicted_cached_tokens = ctx.matched_tokens(at);
   d->start = start;
   // One output token: the prompt's prefill is the copy; what the worker answers is dropped.
-  begin_routed(*d, request, ctx, /*session_hash=*/0, /*may_hold=*/false, /*max_tokens=*/1);
+  begin_routed(*d, request, ctx, session_hash, /*may_hold=*/false, /*max_tokens=*/1);
   return d;
 }
 

@@ -221,12 +221,12 @@ class Router {
   void context(const RoutableRequest& request, std::vector<policy::WorkerView>& views,
                hashing::PrefixIndex::Match& match, policy::RoutingContext& ctx, Session& session);
   void commit(Decision& d, const RoutableRequest& request, const policy::RoutingContext& ctx, const Session& session);
-  // The warm-up of a pick that names one (policy::Pick::warm): committed as a request to that worker would be,
-  // without a session, a prefix hold or the request metrics; nullptr when warm-ups are off or the request is not
-  // one a warm-up can copy (a Responses API request: its body would store a response).
+  // The warm-up of a pick that names one (policy::Pick::warm, when warm-ups are on and the request is not a
+  // Responses API one, whose body would store a response): committed as a request to that worker would be, without
+  // a prefix hold or the request metrics. `session_hash`: the session bound there (the others hear of it), 0: none.
   std::shared_ptr<Decision> commit_warm_up(const RoutableRequest& request, const policy::RoutingContext& ctx,
                                            const backends::WorkerList& workers, std::size_t at,
-                                           std::chrono::steady_clock::time_point start);
+                                           std::chrono::steady_clock::time_point start, std::uint64_t session_hash);
   // commit()'s observer part, shared with warm-ups: the load begins on the worker, the index predicts or expects
   // the chain there, its blocks are computing (prefix holds, when `may_hold` lets this request be held), and the
   // other replicas hear of it.

@@ -39,10 +39,10 @@ class TwoWorkers {
     for (int t = 0; t < kPrefix; ++t) prefix_.push_back(static_cast<std::int64_t>(1000 + rng() % 50000));
   }
 
-  // The prefix and a tail of its own, for `max_tokens`.
-  std::string body(int tail, int max_tokens) const {
+  // The prefix and a tail of its own (`tail_tokens` of them), for `max_tokens`.
+  std::string body(int tail, int max_tokens, int tail_tokens = 32) const {
     json::array prompt = prefix_;
-    for (int t = 0; t < 32; ++t) prompt.push_back(static_cast<std::int64_t>(60000 + tail * 100 + t));
+    for (int t = 0; t < tail_tokens; ++t) prompt.push_back(static_cast<std::int64_t>(60000 + tail * 100 + t));
     return json::serialize(json::object{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", max_tokens}});
   }
 
@@ -119,6 +119,33 @@ TEST(WarmUpE2E, AHotPrefixIsCopiedToTheIdleWorkerOffAnyRequestsPath) {
   ASSERT_EQ(next.status, 200) << next.body;
   EXPECT_EQ(next.header("x-kvroute-worker"), fleet.worker(other));
   EXPECT_EQ(cached_tokens(next.body), static_cast<std::uint64_t>(kPrefix));
+}
+
+// A session opening whose balance wants the worker without its prefix (the holder has one session bound, the other
+// none): its first turn is served by the holder from cache, the session is bound to the other worker, which the
+// router warms with the prompt, and the session's next turn goes there and finds the prefix.
+TEST(WarmUpE2E, ASessionsFirstTurnIsServedByItsPrefixsHolderAndItsNextTurnFindsThePrefixWhereItIsBound) {
+  TwoWorkers fleet;
+  const auto first = http(fleet.api(), "POST", "/v1/completions", fleet.body(0, 4), {{"x-session-id", "s1"}});
+  ASSERT_EQ(first.status, 200) << first.body;
+  const std::string holder = first.header("x-kvroute-worker");
+  const std::string other = holder == fleet.worker(0) ? fleet.worker(1) : fleet.worker(0);
+  for (int k = 0; k < 50 && fleet.in_flight() > 0; ++k) std::this_thread::sleep_for(20ms);
+  const auto opening = http(fleet.api(), "POST", "/v1/completions", fleet.body(1, 4), {{"x-session-id", "s2"}});
+  ASSERT_EQ(opening.status, 200) << opening.body;
+  EXPECT_EQ(opening.header("x-kvroute-worker"), holder);
+  EXPECT_GE(cached_tokens(opening.body), static_cast<std::uint64_t>(kPrefix));
+  for (int k = 0; k < 100 && fleet.router_metric("kvroute_warm_ups_total{outcome=\"answered\"}") < 1; ++k)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(fleet.router_metric("kvroute_warm_ups_total{outcome=\"answered\"}"), 1.0);
+  // The next turn: the same prompt grown by the first turn's exchange.
+  const auto next = http(fleet.api(), "POST", "/v1/completions", fleet.body(1, 4, 96), {{"x-session-id", "s2"}});
+  ASSERT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(next.header("x-kvroute-worker"), other);
+  EXPECT_GE(cached_tokens(next.body), static_cast<std::uint64_t>(kPrefix));
+  // The first session stays on the holder.
+  const auto again = http(fleet.api(), "POST", "/v1/completions", fleet.body(0, 4, 96), {{"x-session-id", "s1"}});
+  EXPECT_EQ(again.header("x-kvroute-worker"), holder);
 }
 
 TEST(WarmUpE2E, WithWarmUpsOffNoPromptIsSentBesideTheRequests) {

@@ -51,6 +51,10 @@ std::optional<Pick> fresh_kv_cost_pick(const RoutingContext& ctx, const PolicyOp
   return (*make_policy("kv_cost", o))->pick(ctx);
 }
 
+// The worker a session opening binds its session to: where its later turns go (Pick::session_worker when the first
+// turn goes elsewhere).
+std::size_t binds(const std::optional<Pick>& pick) { return pick->session_worker.value_or(pick->worker); }
+
 TEST(PolicyFactory, AllTenNamesAndAClearErrorForOthers) {
   EXPECT_EQ(policy_names().size(), 10u);
   for (const auto& n : policy_names()) {
@@ -475,14 +479,17 @@ TEST(KvCost, OpensASessionOnAWorkerWithTheFewestSessions) {
   s.workers[2].in_flight = 1;
   s.workers[0].sessions = 2;  // above the mean (0.75): the holder does not take another
   s.workers[3].sessions = 1;  // idle, but a session waits there for its next turn
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);  // one more request: the cached prefix wins
+  EXPECT_EQ(binds(p->pick(s.context())), 0u);  // one more request: the cached prefix wins
   s.ctx.opens_session = true;
   auto pick = p->pick(s.ctx);
-  EXPECT_EQ(pick->worker, 2u);  // no session bound, the least busy, and of those the one holding more of the prompt
-  EXPECT_EQ(pick->predicted_cached_tokens, 200u);
+  EXPECT_EQ(binds(pick), 2u);  // no session bound, the least busy, and of those the one holding more of the prompt
+  // Its first turn goes to the holder of the longest prefix, which serves it sooner; the prompt is warmed on the
+  // session's worker (KvCost.ASessionsFirstTurnGoesToItsPrefixsHolderAndTheSessionWhereTheBalanceWantsIt).
+  EXPECT_EQ(pick->worker, 0u);
+  EXPECT_EQ(pick->predicted_cached_tokens, 500u);
   // With the holder at the mean (one session everywhere), it takes the session though it is the busiest.
   for (auto& w : s.workers) w.sessions = 1;
-  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
+  EXPECT_EQ(binds(p->pick(s.ctx)), 0u);
   // Its next turn is bound to the worker it opened on (session affinity), not opened again.
   s.ctx.opens_session = false;
   s.ctx.preferred = 2;
@@ -504,15 +511,15 @@ TEST(KvCost, ASessionDoesNotOpenByCopyingItsPrefixIntoACacheFullOfReusedBlocks) 
   s.workers[1].reused_blocks = 1000;
   s.workers[2].reused_blocks = 995;  // room for 5 blocks, not the 8 it would copy
   s.ctx.opens_session = true;
-  EXPECT_EQ(p->pick(s.context())->worker, 0u);
+  EXPECT_EQ(binds(p->pick(s.context())), 0u);
   // Room on worker 2: the fewest sessions decide again.
   s.workers[2].reused_blocks = 992;
-  EXPECT_EQ(p->pick(s.context())->worker, 2u);
+  EXPECT_EQ(binds(p->pick(s.context())), 2u);
   // A cache of unknown capacity is not held back.
   s.workers[1].capacity_blocks = 0;
   s.workers[1].in_flight = 0;
   s.workers[2].in_flight = 1;
-  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  EXPECT_EQ(binds(p->pick(s.context())), 1u);
 }
 
 // Of a later turn, what the session keeps on its worker alone: the prompt and expected output less the longest
@@ -541,15 +548,15 @@ TEST(KvCost, ASessionOpensOnTheHolderWhileItsExcessSessionsTakeLessKvThanACopy) 
   s.workers[1].sessions = 1;   // mean 2: worker 0 has 3 more
   s.context();
   s.ctx.opens_session = true;
-  EXPECT_EQ(p->pick(s.ctx)->worker, 2u);  // no later turn seen yet
+  EXPECT_EQ(binds(p->pick(s.ctx)), 2u);  // no later turn seen yet
   s.ctx.session_context_tokens = 250;      // 3 x 250 < 800
-  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
+  EXPECT_EQ(binds(p->pick(s.ctx)), 0u);
   s.ctx.session_context_tokens = 300;  // 3 x 300 > 800
-  EXPECT_EQ(p->pick(s.ctx)->worker, 2u);
+  EXPECT_EQ(binds(p->pick(s.ctx)), 2u);
   s.ctx.session_context_tokens = 250;
   s.workers[0].reused_blocks = 998;  // 200 tokens of room, not the 250 the session is taken to keep
   s.context();
-  EXPECT_EQ(p->pick(s.ctx)->worker, 2u);
+  EXPECT_EQ(binds(p->pick(s.ctx)), 2u);
 }
 
 // A session does not open on the least bound holder when its first turn there would wait longer than a typical
@@ -572,15 +579,56 @@ TEST(KvCost, ASessionDoesNotOpenWhereItsFirstTurnWouldWaitLongerThanATypicalRequ
   s.ctx.prompt_tokens = 40500;
   s.ctx.opens_session = true;
   s.ctx.fleet_means = {1.0, 0.02, 5.0};
-  EXPECT_EQ(p->pick(s.ctx)->worker, 1u);
+  EXPECT_EQ(binds(p->pick(s.ctx)), 1u);
   s.ctx.fleet_means = {1.0, 0.02, 100.0};  // requests take 100 s: 10 s of waiting is not the tail
-  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
+  EXPECT_EQ(binds(p->pick(s.ctx)), 0u);
   s.ctx.fleet_means = {1.0, 0.02, 5.0};
   s.workers[0].in_flight = 2;  // as busy as the mean: its queue alone does not move the opening
   s.workers[1].in_flight = 3;
   s.workers[2].in_flight = 4;
   s.ctx.workers = s.workers;
-  EXPECT_EQ(p->pick(s.ctx)->worker, 0u);
+  EXPECT_EQ(binds(p->pick(s.ctx)), 0u);
+}
+
+// A session opening the balance sends to a worker without its prefix: its first turn goes to the prefix's holder,
+// which serves it sooner, and the session is bound to the balance's worker, which the router warms with the prompt
+// (Pick::session_worker, Pick::warm), so the later turns find the prefix there and the first does not wait for the
+// copy. Not when that worker has prefill queued (the warm-up would delay it: the turn makes the copy itself, as
+// before), nor when the holder's queue is longer than a typical request takes and it has more than the mean in flight.
+TEST(KvCost, ASessionsFirstTurnGoesToItsPrefixsHolderAndTheSessionWhereTheBalanceWantsIt) {
+  Scene s(2);
+  for (auto& w : s.workers) w.prefill_tokens_per_s = 1000;
+  s.match.blocks = {8, 0};  // an 800-token prefix on worker 0
+  s.workers[0].sessions = 2;
+  s.context();
+  s.ctx.opens_session = true;
+  s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 0.03, .e2e_s = 10.0};
+  auto pick = fresh_kv_cost_pick(s.ctx);
+  EXPECT_EQ(pick->worker, 0u);
+  EXPECT_EQ(pick->predicted_cached_tokens, 800u);
+  EXPECT_EQ(pick->session_worker, std::optional<std::size_t>(1));
+  EXPECT_EQ(pick->warm, std::optional<std::size_t>(1));
+  // Worker 1 has prefill queued: the opening goes there and copies the prefix on its own path.
+  s.workers[1].pending_prefill_tokens = 100;
+  s.context();
+  pick = fresh_kv_cost_pick(s.ctx);
+  EXPECT_EQ(pick->worker, 1u);
+  EXPECT_FALSE(pick->session_worker);
+  EXPECT_FALSE(pick->warm);
+  // The holder has 50 s of prefill queued and more requests in flight than the mean: likewise.
+  s.workers[1].pending_prefill_tokens = 0;
+  s.workers[0].pending_prefill_tokens = 50000;
+  s.workers[0].in_flight = 10;
+  s.context();
+  pick = fresh_kv_cost_pick(s.ctx);
+  EXPECT_EQ(pick->worker, 1u);
+  EXPECT_FALSE(pick->session_worker);
+  // A request that opens no session names no session worker.
+  s.workers[0].pending_prefill_tokens = 0;
+  s.workers[0].in_flight = 0;
+  s.context();
+  s.ctx.opens_session = false;
+  EXPECT_FALSE(fresh_kv_cost_pick(s.ctx)->session_worker);
 }
 
 // Router replicas that route at once on an idle fleet (each one's first request, or a burst spread over them)

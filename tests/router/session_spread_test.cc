@@ -24,7 +24,8 @@ class SessionSpreadTest : public testing::Test {
     }
   }
   // One turn: a prompt of a 256-token prefix every request shares, then a few tokens of its own; routed and
-  // completed at once, so no worker has a request in flight when the next one is routed.
+  // completed at once, so no worker has a request in flight when the next one is routed. Returns the worker it
+  // went to, or with a session the session's worker.
   // `own`: how many tokens of its own the prompt has after the shared prefix.
   hashing::WorkerId turn(std::string_view session, int n, int own = 16) {
     std::string body = R"({"model":"m","max_tokens":4,"prompt":[)";
@@ -36,7 +37,13 @@ class SessionSpreadTest : public testing::Test {
     auto d = router_->route(*parsed);
     EXPECT_TRUE(d) << d.error().message;
     router_->complete(*d, Outcome{true, std::nullopt});
-    return d->worker->id();
+    // An opening may be served by its prefix's holder and bound elsewhere (policy::Pick::session_worker), where a
+    // warm-up copies the prompt: answered at once too. The session's worker is where it opened.
+    if (d->warm_up) router_->warm_up_done(*d->warm_up, /*answered=*/true);
+    if (session.empty()) return d->worker->id();
+    const hashing::WorkerId bound_to = router_->session_worker(std::string(session)).value();
+    if (!d->pick.session_worker) EXPECT_EQ(bound_to, d->worker->id());
+    return bound_to;
   }
   std::map<hashing::WorkerId, std::uint32_t> bound() {
     std::map<hashing::WorkerId, std::uint32_t> out;
