@@ -815,7 +815,6 @@ class FleetSim {
     const std::size_t wi = pick ? pick->worker : 0;
     const auto w = static_cast<WorkerId>(wi);
     WorkerState& ws = workers_[wi];
-    RouterLoad& l = rep.load[wi];
     Flight& f = flights_[r.id];
     f.worker = w;
     f.replica = static_cast<std::uint32_t>(replica);
@@ -850,17 +849,7 @@ class FleetSim {
     if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t);
 
     // 4. The observer's updates, then the request goes to the worker.
-    if (holds_) {
-      // As the daemon's expect(): the blocks it computes are predicted until the worker's events store them.
-      rep.index.record_routed(w, r.chain.hashes, mb);
-    } else if (uses_match_) {
-      // Approximate mode: the routing history is the index (capacity-bounded LRU per worker). Precise mode:
-      // the engine's events are the truth, but they arrive only after the prefill (plus the event delay),
-      // so the router also records what it just routed, as Dynamo's KV router tracks its in-flight blocks;
-      // the events then confirm or remove those entries (no capacity bound: the engine reports evictions).
-      rep.index.record(w, r.chain.hashes,
-                    run_.mode == IndexMode::kPrecise ? hashing::Tier::kGpu : hashing::Tier::kPredicted);
-    }
+    record_chain(rep, w, r, mb);
     sim::SimRequest req;
     req.id = r.id;
     req.block_hashes.reserve(r.chain.hashes.size() + r.output_blocks.size());
@@ -877,20 +866,7 @@ class FleetSim {
       return;
     }
     f.submitted = true;
-    // What the others learn of it (the daemon's SharedState::routed): approximate mode the prediction, both
-    // modes the session it bound; in precise mode every replica reads the workers' events instead.
-    const double prefill_s = policy::prefill_seconds(static_cast<double>(f.predicted_uncached),
-                                                     static_cast<double>(r.prompt_tokens - f.predicted_uncached),
-                                                     views_[wi].prefill_tokens_per_s);
-    if (sharing_) {
-      stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), w, r.id, bound_to == wi ? r.session : 0,
-                         mb, ++rep.routed_seq, {1, f.predicted_uncached, 0, prefill_s, 0}});
-    }
-    l.prefill_queue.add(r.id, prefill_s, t);
-    l.in_flight += 1;
-    f.kv_tokens = f.predicted_uncached + policy::expected_output_tokens(r.output_tokens);
-    l.inflight_kv += f.kv_tokens;
-    l.pending_prefill += f.predicted_uncached;
+    count_sent(rep, replica, r.id, r, f, mb, bound_to == wi ? r.session : 0, r.output_tokens, t);
     ws.routed += 1;
     if (pick && pick->warm && *pick->warm != wi) warm_up(r, *pick->warm, ctx, replica, t, bound_to == *pick->warm ? r.session : 0);
   }
@@ -911,13 +887,8 @@ class FleetSim {
     const std::uint64_t predicted_cached = uses_match_ ? ctx.matched_tokens(wi) : 0;
     f.predicted_uncached = r.prompt_tokens - std::min<std::uint64_t>(r.prompt_tokens, predicted_cached);
     const std::uint32_t mb = holds_ ? ctx.matched_blocks(wi) : 0;
-    if (holds_) {
-      f.computing = rep.computing.begin(w, r.chain.hashes, mb, t);
-      rep.index.record_routed(w, r.chain.hashes, mb);
-    } else if (uses_match_) {
-      rep.index.record(w, r.chain.hashes,
-                       run_.mode == IndexMode::kPrecise ? hashing::Tier::kGpu : hashing::Tier::kPredicted);
-    }
+    if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t);
+    record_chain(rep, w, r, mb);
     sim::SimRequest req;
     req.id = id;
     req.block_hashes.assign(r.chain.hashes.begin(), r.chain.hashes.end());
@@ -930,17 +901,41 @@ class FleetSim {
     }
     f.submitted = true;
     ++warm_ups_;
-    RouterLoad& l = rep.load[wi];
+    count_sent(rep, replica, id, r, f, mb, session, /*max_tokens=*/1, t);
+  }
+
+  // The observer's record of request r's chain sent to worker w (`mb` blocks of it matched there, precise mode).
+  void record_chain(Replica& rep, WorkerId w, const Request& r, std::uint32_t mb) {
+    if (holds_) {
+      // As the daemon's expect(): the blocks it computes are predicted until the worker's events store them.
+      rep.index.record_routed(w, r.chain.hashes, mb);
+    } else if (uses_match_) {
+      // Approximate mode: the routing history is the index (capacity-bounded LRU per worker). Precise mode:
+      // the engine's events are the truth, but they arrive only after the prefill (plus the event delay),
+      // so the router also records what it just routed, as Dynamo's KV router tracks its in-flight blocks;
+      // the events then confirm or remove those entries (no capacity bound: the engine reports evictions).
+      rep.index.record(w, r.chain.hashes,
+                       run_.mode == IndexMode::kPrecise ? hashing::Tier::kGpu : hashing::Tier::kPredicted);
+    }
+  }
+
+  // What flight `id` (request r's prompt, on f.worker, for `max_tokens`) adds to the load replica `rep` counts there
+  // (as backends::Worker::begin), and what the others learn of it (the daemon's SharedState::routed): approximate
+  // mode the prediction, both modes the session it bound (`session`, 0: none); in precise mode every replica reads
+  // the workers' events instead.
+  void count_sent(Replica& rep, std::size_t replica, std::uint64_t id, const Request& r, Flight& f, std::uint32_t mb,
+                  std::uint64_t session, std::uint32_t max_tokens, double t) {
+    RouterLoad& l = rep.load[f.worker];
     const double prefill_s = policy::prefill_seconds(static_cast<double>(f.predicted_uncached),
                                                      static_cast<double>(r.prompt_tokens - f.predicted_uncached),
-                                                     views_[wi].prefill_tokens_per_s);
+                                                     views_[f.worker].prefill_tokens_per_s);
     if (sharing_) {
-      stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), w, r.id, session, mb,
+      stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), f.worker, r.id, session, mb,
                          ++rep.routed_seq, {1, f.predicted_uncached, 0, prefill_s, 0}});
     }
     l.prefill_queue.add(id, prefill_s, t);
     l.in_flight += 1;
-    f.kv_tokens = f.predicted_uncached + 1;
+    f.kv_tokens = f.predicted_uncached + policy::expected_output_tokens(max_tokens);
     l.inflight_kv += f.kv_tokens;
     l.pending_prefill += f.predicted_uncached;
   }

@@ -450,13 +450,6 @@ class KvCost final : public RoutingPolicy {
         alt = i;
         alt_cost = c;
       }
-      if (ctx.opens_session && most_matched > 0 && ctx.matched_tokens(i) == most_matched && c < holder_cost) {
-        holder = i;
-        holder_cost = c;
-        holder_ttft = t.ttft;
-        holder_expected = t.expected;
-        holder_overloaded = t.ttft > scale && static_cast<double>(w.in_flight) > mean_in_flight;
-      }
       // A request opening a session goes to a worker with the fewest live sessions bound (of the prefix's holders,
       // above), then the fewest requests in flight, then the cheapest. Its pick binds the session's later turns,
       // whose load is unknown now but alike in expectation for every session, so the sessions themselves are what
@@ -470,6 +463,13 @@ class KvCost final : public RoutingPolicy {
       // least bound holder with 100K tokens queued (16-20 s) when other holders would serve them in 0.3 s (family
       // seed 25; without the in-flight condition, agent sessions stacked on the holders out of the tail instead).
       const bool overloaded = ctx.opens_session && t.ttft > scale && static_cast<double>(w.in_flight) > mean_in_flight;
+      if (ctx.opens_session && most_matched > 0 && ctx.matched_tokens(i) == most_matched && c < holder_cost) {
+        holder = i;
+        holder_cost = c;
+        holder_ttft = t.ttft;
+        holder_expected = t.expected;
+        holder_overloaded = overloaded;
+      }
       if (ctx.opens_session && best && overloaded != best_overloaded) {
         if (overloaded) continue;
         best.reset();
