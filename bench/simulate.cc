@@ -425,6 +425,7 @@ class FleetSim {
     double itl_estimate = 0;             // the pick's ITL estimate (calibration)
     std::uint64_t pending_at_dispatch = 0;  // worker's pending prefill tokens when routed (debug dump)
     std::uint32_t in_flight_at_dispatch = 0;
+    policy::WorkerView view_at_dispatch;  // the worker as the pick saw it (debug dump)
     std::uint64_t best_matched = 0;      // longest match any worker had (debug dump)
     int bound = -1;                      // the session's bound worker, -1 if none (debug dump)
     std::uint64_t decode_context = 0;
@@ -656,7 +657,7 @@ class FleetSim {
       policy::WorkerView v;
       l.prefill_queue.fill(v, now);
       mine[i] = {l.in_flight, l.pending_prefill, l.active_decode, v.pending_prefill_s, v.oldest_prefill_s,
-                 l.pending_prefill > 0 ? v.prefill_elapsed_s : 0.0};
+                 l.pending_prefill > 0 ? v.prefill_elapsed_s : 0.0, l.inflight_kv};
     }
     rep.published.push_back({now + o_.sync_delay_s, rep.routed_seq, std::move(mine), std::move(ended)});
     std::vector<std::vector<policy::TimedShare>> parts(n_);  // by worker
@@ -829,6 +830,7 @@ class FleetSim {
     f.itl_estimate = pick ? pick->itl_estimate_s : 0.0;
     f.pending_at_dispatch = views_[wi].pending_prefill_tokens;
     f.in_flight_at_dispatch = views_[wi].in_flight;
+    if (!o_.dump_dir.empty()) f.view_at_dispatch = views_[wi];
     if (uses_match_ && !o_.dump_dir.empty())
       for (std::size_t i = 0; i < views_.size(); ++i) f.best_matched = std::max(f.best_matched, ctx.matched_tokens(i));
     f.bound = preferred ? static_cast<int>(*preferred) : -1;
@@ -929,13 +931,13 @@ class FleetSim {
     const double prefill_s = policy::prefill_seconds(static_cast<double>(f.predicted_uncached),
                                                      static_cast<double>(r.prompt_tokens - f.predicted_uncached),
                                                      views_[f.worker].prefill_tokens_per_s);
+    f.kv_tokens = f.predicted_uncached + policy::expected_output_tokens(max_tokens);
     if (sharing_) {
       stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), f.worker, r.id, session, mb,
-                         ++rep.routed_seq, {1, f.predicted_uncached, 0, prefill_s, 0}});
+                         ++rep.routed_seq, {1, f.predicted_uncached, 0, prefill_s, 0, 0, f.kv_tokens}});
     }
     l.prefill_queue.add(id, prefill_s, t);
     l.in_flight += 1;
-    f.kv_tokens = f.predicted_uncached + policy::expected_output_tokens(max_tokens);
     l.inflight_kv += f.kv_tokens;
     l.pending_prefill += f.predicted_uncached;
   }
@@ -958,7 +960,8 @@ class FleetSim {
     std::snprintf(scale, sizeof scale, "%g", o_.rate_scale);
     std::ofstream out(o_.dump_dir + "/" + run_.label + "@" + scale + ".csv");
     out << "id,arrival_s,prompt_tokens,output_tokens,worker,predicted_cached,cached,estimate_s,pending_tokens,"
-           "in_flight,ttft_s,e2e_s,best_matched,bound\n";
+           "in_flight,ttft_s,e2e_s,best_matched,bound,reported_estimate_s,kv_usage,running,waiting,inflight_kv_tokens,"
+           "capacity_tokens\n";
     for (std::size_t i = 0; i < flights_.size(); ++i) {
       const Flight& f = flights_[i];
       const Request& r = w_.requests[i];
@@ -966,7 +969,10 @@ class FleetSim {
       out << i << ',' << f.arrival << ',' << r.prompt_tokens << ',' << r.output_tokens << ',' << f.worker << ','
           << (r.prompt_tokens - f.predicted_uncached) << ',' << f.cached << ',' << f.estimate << ','
           << f.pending_at_dispatch << ',' << f.in_flight_at_dispatch << ',' << (f.first_token - f.arrival) << ','
-          << (f.finish - f.arrival) << ',' << f.best_matched << ',' << f.bound << '\n';
+          << (f.finish - f.arrival) << ',' << f.best_matched << ',' << f.bound << ',' << f.reported_estimate << ','
+          << f.view_at_dispatch.kv_usage << ',' << f.view_at_dispatch.running << ',' << f.view_at_dispatch.waiting << ','
+          << f.view_at_dispatch.inflight_kv_tokens << ','
+          << f.view_at_dispatch.capacity_blocks * std::uint64_t{kBlockTokens} << '\n';
     }
   }
 

@@ -15,8 +15,10 @@
 //                                                      step = the worker's decode step at its current batch;
 //                                                      pending' = pending scaled as the queue was
 //   admit    = wait for admission: beyond the running-sequence cap, (requests over the cap) x out x step / cap
-//              (slots free as running requests finish); with the KV pool full (usage >= 0.9), the time for
-//              the pool to turn over the prefill queued ahead plus this request, about out x step per pool
+//              (slots free as running requests finish); when the pool's free room, (1 - usage) x pool, is less
+//              than the prefill queued ahead plus this request's new tokens and output, the shortfall over what
+//              the requests in flight will have allocated, times out x step (they end spread over one turnover,
+//              each freeing its own tokens)
 //   TTFT     = queue + prefill + admit                 (the estimate session affinity compares)
 //   expected = base + queue' + prefill + admit'        (the TTFT reported, not compared: Terms::expected)
 //   evict    = blocks the request computes x share of the worker's capacity holding blocks that were hit
@@ -158,7 +160,7 @@ class KvCost final : public RoutingPolicy {
     //    computed since the worker's last first token (prefill_elapsed_s), at most its own estimate
     //    (oldest_prefill_s). Routing credits this only behind long prefills, and then only half (see
     //    kProgressShare); in full, the queued requests' median observed / expected went from 0.85 to 1;
-    //  - admit': with the KV pool full, the engine's waiting line (WorkerView::waiting) drains as running
+    //  - admit': when the pool lacks room for the request (kv_room_shortfall), the engine's waiting line (WorkerView::waiting) drains as running
     //    requests finish, running / (out x step) per second (Little's law, with this request's output as
     //    the typical one), so this request waits (waiting + 1) x out x step / running; with nobody waiting
     //    it is admitted at once. The routing term (the pool's turnover for the tokens queued ahead) had
@@ -231,9 +233,14 @@ class KvCost final : public RoutingPolicy {
     const double excess = static_cast<double>(w.in_flight) + 1.0 - cap;
     if (excess > 0) admit = excess * out * step / cap;
     double admit_expected = admit;
-    if (kv_pool_full(w)) {
-      const double pool_tokens = static_cast<double>(w.capacity_blocks) * tpb;
-      admit = std::max(admit, std::min(1.0, (pending + m + out) / pool_tokens) * out * step);
+    // The pool's room: the request holds its new tokens and its output by its end, after the prefill queued ahead.
+    // What the pool lacks for that is freed as the requests in flight end, each freeing the tokens it allocated
+    // (inflight_kv_tokens; the prefixes they share stay cached), their ends spread over one turnover, out x step.
+    const double shortfall = kv_room_shortfall(w, tpb, m + out);
+    if (shortfall > 0) {
+      const double used = w.kv_usage * static_cast<double>(w.capacity_blocks) * tpb;
+      const double freed = std::max(std::min(used, static_cast<double>(w.inflight_kv_tokens)), 1.0);
+      admit = std::max(admit, std::min(1.0, shortfall / freed) * out * step);
       if (w.waiting > 0) {
         const double line = static_cast<double>(w.waiting) + 1.0;
         admit_expected = std::max(admit_expected, line * out * step / std::max<double>(w.running, 1.0));

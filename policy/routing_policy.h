@@ -37,7 +37,8 @@ struct WorkerView {
   std::uint64_t pending_prefill_tokens = 0;   // uncached prompt tokens sent and not yet past first token
   std::uint64_t active_decode_tokens = 0;     // context tokens of requests in decode
   // KV tokens the requests in flight will have allocated when they finish: per request its uncached prompt
-  // tokens plus its output (max_tokens); the cached prefix blocks they share are resident and not counted.
+  // tokens plus its output (max_tokens); the cached prefix blocks they share are resident and not counted. With
+  // shared state, the other replicas' requests too (LoadShare).
   std::uint64_t inflight_kv_tokens = 0;
   // Live session bindings on the worker (those not expired), filled in for a request that opens a session.
   std::uint32_t sessions = 0;
@@ -63,11 +64,19 @@ struct WorkerView {
   std::uint32_t max_running = 256;            // running-sequence cap (batch size)
 };
 
-// KV usage (blocks in use by requests, cached-but-free blocks excluded, as vLLM reports it) from which a
-// worker's pool counts as full: admission waits for memory there (kv_cost's admission term), and a session may
-// leave it (session affinity).
-inline constexpr double kFullKvUsage = 0.9;
-inline bool kv_pool_full(const WorkerView& w) { return w.capacity_blocks > 0 && w.kv_usage >= kFullKvUsage; }
+// Tokens a worker's KV pool lacks to admit `tokens` more now: the engine starts a waiting request only while its
+// free blocks cover it, in arrival order (vLLM v1's scheduler; backends/sim/engine.cc), so the prefill queued there
+// goes first. Free is the share of the pool not in use by requests, (1 - kv_usage) x capacity (vLLM's usage counts
+// the blocks requests hold; cached blocks no request holds are free, evictable). 0 while the pool has room, or when
+// its size is unknown. kv_cost prices the wait for the shortfall (admission), and a session may leave its worker
+// only when the pool lacks room for its turn (session affinity). It replaced a fitted threshold, usage >= 0.9
+// (docs/benchmarks.md, "The pool's room instead of a 90 % threshold").
+inline double kv_room_shortfall(const WorkerView& w, double tokens_per_block, double tokens) {
+  if (w.capacity_blocks == 0) return 0.0;
+  const double pool = static_cast<double>(w.capacity_blocks) * tokens_per_block;
+  const double free = std::max(0.0, 1.0 - w.kv_usage) * pool;
+  return std::max(0.0, static_cast<double>(w.pending_prefill_tokens) + tokens - free);
+}
 
 // A worker's reported running and waiting counts brought up to now: `ended_now` counts the requests the routers
 // saw end on it (this replica's and, with --shared-state, the others' as last read), `ended_at_report` the same
@@ -97,9 +106,11 @@ struct LoadShare {
   // WorkerView::prefill_elapsed_s), 0 when that queue is empty: kv_cost credits a long prefill's progress with it,
   // and a replica whose own queue there is empty knows it only from the others. The largest counts.
   double prefill_elapsed_s = 0;
+  std::uint64_t inflight_kv_tokens = 0;  // WorkerView::inflight_kv_tokens
 
   void add(const LoadShare& o) {
     in_flight += o.in_flight;
+    inflight_kv_tokens += o.inflight_kv_tokens;
     pending_prefill_tokens += o.pending_prefill_tokens;
     active_decode_tokens += o.active_decode_tokens;
     pending_prefill_s += o.pending_prefill_s;
@@ -108,6 +119,7 @@ struct LoadShare {
   }
   void add_to(WorkerView& v) const {
     v.in_flight += in_flight;
+    v.inflight_kv_tokens += inflight_kv_tokens;
     v.pending_prefill_tokens += pending_prefill_tokens;
     v.active_decode_tokens += active_decode_tokens;
     v.pending_prefill_s += pending_prefill_s;

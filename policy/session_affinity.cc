@@ -1,6 +1,7 @@
 // Session affinity (architecture section 6): a decorator over any policy. When the request's session is bound
-// to a healthy worker, that worker is kept while its KV pool has room (kv_pool_full: usage below
-// kFullKvUsage, or unknown). Only when the pool is full may the session move, and then only if the inner
+// to a healthy worker, that worker is kept while its KV pool has room for the turn (kv_room_shortfall: the free
+// blocks cover the prefill queued there, the turn's uncached tokens and its output; or the pool's size is unknown).
+// Only when the pool lacks room may the session move, and then only if the inner
 // policy's latency estimate for the bound worker exceeds the estimate of its own pick by more than
 // session_margin_s. Policies without a latency model (estimate() is NaN) always keep the bound worker while it
 // is healthy.
@@ -52,7 +53,10 @@ class SessionAffinity final : public RoutingPolicy {
     const bool target_near_cap = target.max_running > 0 &&
                                  static_cast<double>(target.in_flight) + 1.0 > kMoveFillLimit * target.max_running;
     const double bound_estimate = inner_->estimate(ctx, bound);
-    if (!kv_pool_full(ctx.workers[bound]) || target_near_cap || std::isnan(bound_estimate) ||
+    const double tpb = ctx.tokens_per_block > 0 ? ctx.tokens_per_block : 16.0;
+    const std::uint64_t cached = std::min<std::uint64_t>(ctx.prompt_tokens, ctx.matched_tokens(bound));
+    const double turn = static_cast<double>(ctx.prompt_tokens - cached) + expected_output_tokens(ctx.max_tokens);
+    if (kv_room_shortfall(ctx.workers[bound], tpb, turn) <= 0 || target_near_cap || std::isnan(bound_estimate) ||
         bound_estimate <= best->estimate_s + margin_) {
       const double itl = inner_->itl_estimate(ctx, bound);
       const double expected = inner_->expected_ttft(ctx, bound);

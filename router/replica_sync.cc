@@ -225,7 +225,8 @@ std::vector<shared_state::WorkerLoad> ReplicaSync::local_load() {
     const policy::WorkerView v = w->view(now);
     // The time without a first token only while prefills are queued here (policy::LoadShare::prefill_elapsed_s).
     out.push_back({w->endpoint().url, v.in_flight, v.pending_prefill_tokens, v.pending_prefill_s, v.oldest_prefill_s,
-                   v.active_decode_tokens, 0.0, v.pending_prefill_tokens > 0 ? v.prefill_elapsed_s : 0.0});
+                   v.active_decode_tokens, 0.0, v.pending_prefill_tokens > 0 ? v.prefill_elapsed_s : 0.0,
+                   v.inflight_kv_tokens});
   }
   return out;
 }

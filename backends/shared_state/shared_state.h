@@ -86,14 +86,15 @@ struct WorkerLoad {
   // (steady_seconds); for the sum handed to the router, the time its pending prefill is as of (policy::queued_at).
   double at = 0;
   double prefill_elapsed_s = 0;  // policy::LoadShare::prefill_elapsed_s
+  std::uint64_t inflight_kv_tokens = 0;  // policy::LoadShare::inflight_kv_tokens
 
   policy::LoadShare share() const {
     return {in_flight, pending_prefill_tokens, active_decode_tokens, pending_prefill_s, oldest_prefill_s,
-            prefill_elapsed_s};
+            prefill_elapsed_s, inflight_kv_tokens};
   }
   static WorkerLoad of(std::string worker, const policy::LoadShare& s, double at) {
     return {std::move(worker), s.in_flight, s.pending_prefill_tokens, s.pending_prefill_s, s.oldest_prefill_s,
-            s.active_decode_tokens, at, s.prefill_elapsed_s};
+            s.active_decode_tokens, at, s.prefill_elapsed_s, s.inflight_kv_tokens};
   }
 };
 

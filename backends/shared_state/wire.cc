@@ -157,9 +157,10 @@ std::string pack_load(const std::vector<WorkerLoad>& load) {
   std::string out;
   char buf[160];
   for (const auto& l : load) {
-    std::snprintf(buf, sizeof buf, "\t%u\t%llu\t%.6g\t%.6g\t%llu\t%.6g\n", l.in_flight,
+    std::snprintf(buf, sizeof buf, "\t%u\t%llu\t%.6g\t%.6g\t%llu\t%.6g\t%llu\n", l.in_flight,
                   static_cast<unsigned long long>(l.pending_prefill_tokens), l.pending_prefill_s, l.oldest_prefill_s,
-                  static_cast<unsigned long long>(l.active_decode_tokens), l.prefill_elapsed_s);
+                  static_cast<unsigned long long>(l.active_decode_tokens), l.prefill_elapsed_s,
+                  static_cast<unsigned long long>(l.inflight_kv_tokens));
     out += l.worker;
     out += buf;
   }
@@ -175,17 +176,20 @@ void add_load(const WorkerLoad& l, std::vector<WorkerLoad>& sum) {
   it->oldest_prefill_s = std::max(it->oldest_prefill_s, l.oldest_prefill_s);
   it->active_decode_tokens += l.active_decode_tokens;
   it->prefill_elapsed_s = std::max(it->prefill_elapsed_s, l.prefill_elapsed_s);
+  it->inflight_kv_tokens += l.inflight_kv_tokens;
 }
 
 void add_load(std::string_view text, std::vector<WorkerLoad>& sum) {
   for_each_line(text, [&](std::string_view line) {
     const auto f = fields(line);
     WorkerLoad l;
-    // Six fields from a replica of an earlier version (no time without a first token), seven now.
-    if ((f.size() != 6 && f.size() != 7) || !parse_number(f[1], l.in_flight) ||
+    // Six or seven fields from a replica of an earlier version (no time without a first token, no KV tokens in
+    // flight), eight now.
+    if (f.size() < 6 || f.size() > 8 || !parse_number(f[1], l.in_flight) ||
         !parse_number(f[2], l.pending_prefill_tokens) || !parse_double(f[3], l.pending_prefill_s) ||
         !parse_double(f[4], l.oldest_prefill_s) || !parse_number(f[5], l.active_decode_tokens) ||
-        (f.size() == 7 && (!parse_double(f[6], l.prefill_elapsed_s) || !(l.prefill_elapsed_s < 1e6)))) {
+        (f.size() >= 7 && (!parse_double(f[6], l.prefill_elapsed_s) || !(l.prefill_elapsed_s < 1e6))) ||
+        (f.size() == 8 && !parse_number(f[7], l.inflight_kv_tokens))) {
       return;
     }
     l.worker = std::string(f[0]);
@@ -213,9 +217,9 @@ std::uint64_t load_seq(std::string_view text) {
 }
 
 std::string pack_share(const policy::LoadShare& l) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%llu\t%.6g", static_cast<unsigned long long>(l.pending_prefill_tokens),
-                l.pending_prefill_s);
+  char buf[80];
+  std::snprintf(buf, sizeof buf, "%llu\t%.6g\t%llu", static_cast<unsigned long long>(l.pending_prefill_tokens),
+                l.pending_prefill_s, static_cast<unsigned long long>(l.inflight_kv_tokens));
   return buf;
 }
 
@@ -223,8 +227,10 @@ std::optional<policy::LoadShare> unpack_share(std::string_view text) {
   const auto f = fields(text);
   policy::LoadShare l;
   l.in_flight = 1;
-  if (f.size() != 2 || !parse_number(f[0], l.pending_prefill_tokens) || !parse_double(f[1], l.pending_prefill_s) ||
-      !(l.pending_prefill_s >= 0 && l.pending_prefill_s < 1e6)) {
+  // Two fields from a replica of an earlier version (no KV tokens), three now.
+  if ((f.size() != 2 && f.size() != 3) || !parse_number(f[0], l.pending_prefill_tokens) ||
+      !parse_double(f[1], l.pending_prefill_s) || !(l.pending_prefill_s >= 0 && l.pending_prefill_s < 1e6) ||
+      (f.size() == 3 && !parse_number(f[2], l.inflight_kv_tokens))) {
     return std::nullopt;
   }
   return l;

@@ -23,7 +23,8 @@ std::vector<hashing::BlockHash> unpack_hashes(std::string_view bytes);
 std::string hex64(std::uint64_t v);
 std::optional<std::uint64_t> parse_hex64(std::string_view s);
 
-// One line per worker: URL, in flight, pending prefill tokens, pending prefill s, oldest prefill s, decode tokens.
+// One line per worker: URL, in flight, pending prefill tokens, pending prefill s, oldest prefill s, decode tokens,
+// time without a first token, KV tokens in flight.
 std::string pack_load(const std::vector<WorkerLoad>& load);
 // Adds the lines of `text` into `sum` (by worker URL); malformed lines are skipped.
 void add_load(std::string_view text, std::vector<WorkerLoad>& sum);
@@ -35,7 +36,7 @@ std::vector<WorkerLoad> queued_at(const std::vector<WorkerLoad>& parts, double n
 // reads it back (0 without one); add_load() skips it.
 std::string pack_load_seq(std::uint64_t seq);
 std::uint64_t load_seq(std::string_view text);
-// One request's load on a routed record: pending prefill tokens and seconds (in flight 1).
+// One request's load on a routed record: pending prefill tokens and seconds, KV tokens (in flight 1).
 std::string pack_share(const policy::LoadShare& l);
 std::optional<policy::LoadShare> unpack_share(std::string_view text);
 // A non-negative decimal number.

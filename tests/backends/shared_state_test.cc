@@ -82,6 +82,33 @@ TEST(SharedStateWire, TheLongestWaitWithoutAFirstTokenIsShared) {
   EXPECT_NEAR(v.prefill_elapsed_s, 0.9, 1e-12);
 }
 
+// The KV tokens the replicas' requests in flight will hold (kv_cost's admission: what the pool frees as they end)
+// are summed over replicas and records and stay while the prefill drains; loads and records from replicas of the
+// version before (seven and two fields) still count, without them.
+TEST(SharedStateWire, TheKvTokensInFlightAreSummedOverReplicas) {
+  std::vector<WorkerLoad> sum;
+  wire::add_load(wire::pack_load({{"http://a:1", 2, 1000, 0.1, 0.1, 0, 0, 0.05, 9000}}), sum);
+  wire::add_load("http://a:1\t1\t500\t0.05\t0.05\t0\t0.01\n", sum);
+  const auto record = wire::unpack_share(wire::pack_share(policy::LoadShare{1, 4096, 0, 0.25, 0, 0, 4352}));
+  ASSERT_TRUE(record);
+  EXPECT_EQ(record->inflight_kv_tokens, 4352u);
+  const auto old_record = wire::unpack_share("4096\t0.25");
+  ASSERT_TRUE(old_record);
+  EXPECT_EQ(old_record->inflight_kv_tokens, 0u);
+  EXPECT_FALSE(wire::unpack_share("4096\t0.25\tx"));
+  ASSERT_EQ(sum.size(), 1u);
+  EXPECT_EQ(sum[0].in_flight, 3u);
+  EXPECT_EQ(sum[0].inflight_kv_tokens, 9000u);
+  policy::LoadShare share = sum[0].share();
+  share.add(*record);
+  share.drain(10.0);  // the prefill is done; the requests are still in flight
+  policy::WorkerView v;
+  v.inflight_kv_tokens = 1000;  // this replica's own
+  share.add_to(v);
+  EXPECT_EQ(v.inflight_kv_tokens, 14352u);
+  EXPECT_EQ(v.pending_prefill_tokens, 0u);
+}
+
 // What the router is handed: per worker, every replica's published load and routed records, as one queue drained
 // to the time it is handed on (policy::queued_at).
 TEST(SharedStateWire, TheOthersLoadDrainsAsOneQueuePerWorker) {

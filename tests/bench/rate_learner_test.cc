@@ -155,9 +155,10 @@ TEST(RateLearner, LearnsTheErrorOfTheEstimates) {
 }
 
 // The reported TTFT converges to what happens: a worker whose TTFT is its fixed part, the prefill still queued
-// (the head partly done), its own prefill and, behind a full pool, the engine's waiting line, all 10 % slower than
-// its rates say. The routing estimate is off by a different ratio at each load (no fixed part, the queue counted in
-// full, the pool's turnover for admission), so one ratio could not correct it; the reported one is within 2 %.
+// (the head partly done), its own prefill and, behind a pool without room for it, the engine's waiting line, all
+// 10 % slower than its rates say. The routing estimate is off by a different ratio at each load (no fixed part, the
+// queue counted in full, the wait for the pool's room), so one ratio could not correct it; the reported one is
+// within 2 %.
 TEST(RateLearner, ReportedTtftConvergesToTheObservedAtEveryLoad) {
   RateLearner l;
   l.set_prior(0, prior());  // P 10,000 tokens/s, fixed part 0.05 s, decode step 0.02 s
@@ -169,7 +170,8 @@ TEST(RateLearner, ReportedTtftConvergesToTheObservedAtEveryLoad) {
     WorkerView v;
     v.id = 0;
     l.apply(v);
-    // Load varies request to request: 0-5K tokens pending, the head 0-100 % done; every third, a full pool.
+    // Load varies request to request: 0-5K tokens pending, the head 0-100 % done; every third, a pool of 160K
+    // tokens with 1.6K free, less than the request's 2,000 prompt tokens and 100 of output.
     const double pending = 1000.0 * (i % 6), done_share = 0.25 * (i % 5);
     v.pending_prefill_tokens = static_cast<std::uint64_t>(pending);
     v.pending_prefill_s = v.oldest_prefill_s = pending / v.prefill_tokens_per_s;
@@ -177,7 +179,7 @@ TEST(RateLearner, ReportedTtftConvergesToTheObservedAtEveryLoad) {
     const bool full = i % 3 == 0;
     if (full) {
       v.capacity_blocks = 10000;
-      v.kv_usage = 0.95;
+      v.kv_usage = 0.99;
       v.running = 20;
       v.waiting = static_cast<std::uint32_t>(i % 4);
     }

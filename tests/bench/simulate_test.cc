@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -304,7 +305,7 @@ TEST(Simulate, SharingReplicasSpreadBurstsThatReachThemAtOnceAsOneRouter) {
 }
 
 // The debug dump: one CSV per policy run, a header and one line per completed request, with the session's bound
-// worker for session workloads.
+// worker for session workloads and the worker as the pick saw it (its KV pool's size among it).
 TEST(Simulate, DumpRequestsWritesOneLinePerRequest) {
   BenchConfig c = small_config("multi_turn", 120, 3);
   c.policies = {"kv_cost"};
@@ -321,13 +322,22 @@ TEST(Simulate, DumpRequestsWritesOneLinePerRequest) {
   std::string header, line;
   std::getline(in, header);
   EXPECT_EQ(header, "id,arrival_s,prompt_tokens,output_tokens,worker,predicted_cached,cached,estimate_s,pending_tokens,"
-                    "in_flight,ttft_s,e2e_s,best_matched,bound");
-  std::size_t lines = 0, bound = 0;
+                    "in_flight,ttft_s,e2e_s,best_matched,bound,reported_estimate_s,kv_usage,running,waiting,"
+                    "inflight_kv_tokens,capacity_tokens");
+  std::size_t lines = 0, bound = 0, sized = 0;
   while (std::getline(in, line)) {
     ++lines;
-    if (line.substr(line.rfind(',') + 1) != "-1") ++bound;
+    std::vector<std::string> f;
+    for (std::size_t at = 0, next; at <= line.size(); at = next + 1) {
+      next = std::min(line.find(',', at), line.size());
+      f.push_back(line.substr(at, next - at));
+    }
+    ASSERT_EQ(f.size(), 20u) << line;
+    if (f[13] != "-1") ++bound;
+    if (std::stoull(f[19]) > 0) ++sized;
   }
   EXPECT_EQ(lines, 120u);
+  EXPECT_EQ(sized, 120u);
   EXPECT_GT(bound, 0u);  // later turns of a chat find their session bound
   std::filesystem::remove_all(dir);
 }

@@ -591,6 +591,45 @@ TEST(ReplicasE2E, ARequestAnotherReplicaSawEndDoesNotMoveItsPrefix) {
   }
 }
 
+// What a replica publishes of its load carries the KV tokens its requests in flight will hold (kv_cost's admission
+// prices the wait for a pool's room by what they free as they end, policy::kv_room_shortfall): while a 300-token
+// answer streams through replica 0, its load in Redis names the worker, one request in flight and its uncached
+// prompt tokens plus 300.
+TEST(ReplicasE2E, AReplicasPublishedLoadCarriesTheKvTokensOfItsRequestsInFlight) {
+  if (!redis_available()) GTEST_SKIP() << "redis-server is not installed";
+  Redis redis;
+  Replicas fleet(2, &redis, 4096, "", false, {}, {"--speed", "1"});
+  Sent answer;
+  std::thread client([&] { answer = send(fleet.api(0), text(777, 150) + "tell a long story", {}, 300); });
+  // The published load: "#\tSEQ" then per worker: URL, in flight, pending tokens, pending s, oldest s, decode
+  // tokens, time without a first token, KV tokens in flight (backends/shared_state/wire.h).
+  std::vector<std::string> line;
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (line.empty() && std::chrono::steady_clock::now() < until) {
+    const std::string keys = redis.command("KEYS *:load:*");
+    for (auto at = keys.find(":load:"); at != std::string::npos && line.empty(); at = keys.find(":load:", at + 1)) {
+      const auto begin = keys.rfind('\n', at) + 1, end = keys.find('\r', at);
+      const std::string value = redis.command("GET " + keys.substr(begin, end - begin));
+      for (auto row = value.find("http://"); row != std::string::npos; row = value.find("http://", row + 1)) {
+        std::vector<std::string> f;
+        std::stringstream fields(value.substr(row, value.find('\n', row) - row));
+        for (std::string x; std::getline(fields, x, '\t');) f.push_back(x);
+        if (f.size() == 8 && f[1] == "1") line = f;
+      }
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  client.join();
+  ASSERT_EQ(answer.status, 200);
+  ASSERT_EQ(line.size(), 8u) << "no published load with one request in flight";
+  EXPECT_EQ(line[0], "http://" + answer.worker);
+  // The output's 300 and the prompt's uncached tokens as the router counts them (its estimate of the worker's
+  // tokenizer: here 237 against the worker's 210).
+  const double prompt_tokens = std::stod(line[7]) - 300;
+  EXPECT_GT(prompt_tokens, 0.7 * (answer.prompt - answer.cached)) << line[7];
+  EXPECT_LT(prompt_tokens, 1.3 * (answer.prompt - answer.cached)) << line[7];
+}
+
 TEST(ReplicasE2E, CordonHoldsOnEveryReplicaAndAfterARestart) {
   if (!redis_available()) GTEST_SKIP() << "redis-server is not installed";
   Redis redis;

@@ -695,12 +695,13 @@ TEST(KvCost, ExpectedTtftAddsTheFixedPartAndCreditsTheQueuesProgress) {
   const auto pick = p->pick(s.context());
   ASSERT_TRUE(pick);
   EXPECT_NEAR(pick->expected_ttft_s, 0.05 + 0.3 + prefill, 1e-9);
-  // A full pool: with 3 requests waiting and 20 running, each running one 100 tokens x 0.02 s from its end,
-  // the line moves every 0.1 s and this request is 4th in it.
+  // A pool without room for the request (100K tokens, 500 free: it needs 1,000 prompt tokens and 100 of output):
+  // with 3 requests waiting and 20 running, each running one 100 tokens x 0.02 s from its end, the line moves
+  // every 0.1 s and this request is 4th in it.
   w.pending_prefill_tokens = 0;
   w.pending_prefill_s = w.oldest_prefill_s = w.prefill_elapsed_s = 0;
   w.capacity_blocks = 1000;
-  w.kv_usage = 0.95;
+  w.kv_usage = 0.995;
   w.running = 20;
   w.waiting = 3;
   w.decode_step_s = 0.02;
@@ -708,6 +709,9 @@ TEST(KvCost, ExpectedTtftAddsTheFixedPartAndCreditsTheQueuesProgress) {
   const double step = 0.02;  // the chunked-prefill step a decoding worker adds
   EXPECT_NEAR(p->expected_ttft(s.context(), 0), 0.05 + step + prefill + 4 * 100 * 0.02 / 20, 1e-9);
   w.waiting = 0;  // nobody waits: admitted at once
+  EXPECT_NEAR(p->expected_ttft(s.context(), 0), 0.05 + step + prefill, 1e-9);
+  w.waiting = 3;
+  w.kv_usage = 0.95;  // 5,000 tokens free: room for it, so the line is not this request's
   EXPECT_NEAR(p->expected_ttft(s.context(), 0), 0.05 + step + prefill, 1e-9);
   // A policy without an expected TTFT reports its estimate plus the fixed part.
   Pick plain;
@@ -732,6 +736,36 @@ TEST(KvCost, AWaitCostsMoreTheShorterTheFleetsRequests) {
   EXPECT_EQ(p->pick(ctx)->worker, 0u);
   ctx.fleet_means = {1.0, 0.02, 2.0};
   EXPECT_EQ(p->pick(ctx)->worker, 1u);
+}
+
+// Admission waits for the pool's room, as the engine admits: a request starts once the free blocks hold it after
+// the prefill queued ahead. What is missing is freed as the requests in flight end (each its own tokens, their
+// ends spread over one turnover of out x step); a pool with room admits at once however full it looks.
+TEST(KvCost, AdmissionWaitsForThePoolsRoomNotForAUsageThreshold) {
+  auto p = make("kv_cost");
+  Scene s(2);
+  for (auto& w : s.workers) {
+    w.prefill_tokens_per_s = 1000;
+    w.capacity_blocks = 1000;  // 100K tokens
+    w.running = 20;
+    w.decode_step_s = 0.02;
+  }
+  s.ctx.max_tokens = 100;  // the request needs 1,000 prompt tokens and 100 of output
+  const double base = p->estimate(s.context(), 0);
+  s.workers[0].kv_usage = 0.98;  // 2,000 tokens free: room, at a usage the old 0.9 threshold called full
+  EXPECT_NEAR(p->estimate(s.context(), 0), base, 1e-12);
+  s.workers[0].kv_usage = 0.995;             // 500 free, 600 missing,
+  s.workers[0].inflight_kv_tokens = 6000;    // a tenth of what the requests in flight free as they end:
+  EXPECT_NEAR(p->estimate(s.context(), 0), base + 0.1 * 100 * 0.02, 1e-9);  // a tenth of a 2 s turnover
+  s.workers[0].pending_prefill_tokens = 2400;  // prefill queued ahead takes the room first: 3,000 missing, half
+  s.workers[1].pending_prefill_tokens = 2400;  // of a turnover (worker 1 has the same queue and room for both)
+  EXPECT_NEAR(p->estimate(s.context(), 0) - p->estimate(s.context(), 1), 0.5 * 100 * 0.02, 1e-9);
+  s.workers[0].pending_prefill_tokens = s.workers[1].pending_prefill_tokens = 0;
+  s.workers[0].inflight_kv_tokens = 0;  // nothing of this router's in flight: a whole turnover
+  EXPECT_NEAR(p->estimate(s.context(), 0), base + 100 * 0.02, 1e-9);
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);  // the worker with room
+  s.workers[0].capacity_blocks = 0;  // a pool of unknown size is never waited for
+  EXPECT_NEAR(p->estimate(s.context(), 0), base, 1e-12);
 }
 
 TEST(KvCost, CpuTierCostsTransferNotRecompute) {
@@ -762,7 +796,10 @@ TEST(SessionAffinity, KeepsBoundWorkerWhilePoolHasRoomThenWithinMarginOnly) {
   auto pick = p->pick(s.ctx);
   EXPECT_EQ(pick->worker, 1u);  // but its KV pool has room: the session stays
   EXPECT_EQ(pick->reason, Reason::kSession);
-  s.workers[1].kv_usage = 0.95;  // its pool is full: the session may move, by more than the margin
+  s.workers[1].kv_usage = 0.95;  // 5,000 of its 100K tokens free hold the turn (1,000 prompt, 256 output): it stays
+  EXPECT_EQ(p->pick(s.context())->worker, 1u);
+  s.workers[1].kv_usage = 0.995;  // 500 free: no room for the turn, so the session may move, by more than the margin
+  s.workers[1].inflight_kv_tokens = 50000;  // (what its requests in flight free as they end: the wait is short)
   EXPECT_EQ(p->pick(s.context())->worker, 0u);
   s.match.blocks = {10, 7};  // bound worker now 0.3 s: within the margin
   pick = p->pick(s.ctx);

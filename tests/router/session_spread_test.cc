@@ -42,7 +42,9 @@ class SessionSpreadTest : public testing::Test {
     if (d->warm_up) router_->warm_up_done(*d->warm_up, /*answered=*/true);
     if (session.empty()) return d->worker->id();
     const hashing::WorkerId bound_to = router_->session_worker(std::string(session)).value();
-    if (!d->pick.session_worker) EXPECT_EQ(bound_to, d->worker->id());
+    if (!d->pick.session_worker) {
+      EXPECT_EQ(bound_to, d->worker->id());
+    }
     return bound_to;
   }
   std::map<hashing::WorkerId, std::uint32_t> bound() {
