@@ -160,11 +160,12 @@ class KvCost final : public RoutingPolicy {
     //    computed since the worker's last first token (prefill_elapsed_s), at most its own estimate
     //    (oldest_prefill_s). Routing credits this only behind long prefills, and then only half (see
     //    kProgressShare); in full, the queued requests' median observed / expected went from 0.85 to 1;
-    //  - admit': when the pool lacks room for the request (kv_room_shortfall), the engine's waiting line (WorkerView::waiting) drains as running
-    //    requests finish, running / (out x step) per second (Little's law, with this request's output as
-    //    the typical one), so this request waits (waiting + 1) x out x step / running; with nobody waiting
-    //    it is admitted at once. The routing term (the pool's turnover for the tokens queued ahead) had
-    //    observed / estimated from 0.2 to 9 (10th-90th percentile) there: 0.85 without waiting, 2.4 with.
+    //  - admit': when the pool lacks room for the request (kv_room_shortfall), the engine's waiting line
+    //    (WorkerView::waiting) drains as running requests finish, running / (out x step) per second (Little's
+    //    law, with this request's output as the typical one), so this request waits (waiting + 1) x out x step
+    //    / running; with nobody waiting it is admitted at once. The routing term (then the pool's turnover for
+    //    the tokens queued ahead, from 90 % usage) had observed / estimated from 0.2 to 9 (10th-90th percentile)
+    //    there: 0.85 without waiting, 2.4 with.
     double expected = 0;
     // Convex in TTFT (ttft x (1 + ttft / E), see cost()): a second of queueing costs more the longer the request
     // already takes, so long prompts, which set the p99, go where they start soonest, while for short requests

@@ -1,10 +1,9 @@
 // Session affinity (architecture section 6): a decorator over any policy. When the request's session is bound
 // to a healthy worker, that worker is kept while its KV pool has room for the turn (kv_room_shortfall: the free
 // blocks cover the prefill queued there, the turn's uncached tokens and its output; or the pool's size is unknown).
-// Only when the pool lacks room may the session move, and then only if the inner
-// policy's latency estimate for the bound worker exceeds the estimate of its own pick by more than
-// session_margin_s. Policies without a latency model (estimate() is NaN) always keep the bound worker while it
-// is healthy.
+// Only when the pool lacks room may the session move, and then only if the inner policy's latency estimate for
+// the bound worker exceeds the estimate of its own pick by more than session_margin_s. Policies without a latency
+// model (estimate() is NaN) always keep the bound worker while it is healthy.
 //
 // Why a turn stays while the pool has room, even when another worker's TTFT estimate is lower: a move
 // recomputes the session's whole context elsewhere (in the estimate) and leaves the context behind, and the
