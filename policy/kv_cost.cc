@@ -43,7 +43,7 @@
 //                                                      joins; step0 and step_per_token the candidates' means
 //   cost     = TTFT x (1 + TTFT / Em) x (1 + Tm / Em) + (Tm / Im) x (own + others')
 //              + (Tm / Em) x (out x own + others)
-//              + alpha x (evict + dup x (r x (1 + 4 TTFT / Em) + idle / step))
+//              + alpha x (evict + dup x (r x (1 + 2 TTFT / Em) + idle / step))
 //              Tm, Im, Em: the means of the fleet's recent TTFT, inter-token and end-to-end latency; the cost is
 //              the request's effect on each of those means as a share of it (Terms::cost). A mean not known yet
 //              is the model's estimate of it: over the requests priced so far, the mean of the candidates'
@@ -120,12 +120,11 @@ constexpr double kChunkTokens = 8192.0;
 // busy, which stacks chat sessions on a few workers.
 constexpr double kDuplicateWeight = 5.0;
 // The duplicate term is multiplied by 1 + kDuplicateTailWeight x TTFT / Em (TTFT on the worker
-// priced), so leaving a prefix's holder costs more the longer the request takes: it weighs as the convex TTFT
-// cost does, and a long prompt is moved off its prefix only for a proportionally larger gain. 4, tuned on the
-// benchmark (2: conversation hit rate at 1x the knee 13.1 %; 28 and more: 13.2-13.6 % at 1.25x but a
-// worse p99 at 0.75x than block_cost, where long prompts should go where they start soonest; measured with the
-// fitted 5 s scale the convex price had then).
-constexpr double kDuplicateTailWeight = 4.0;
+// priced), so leaving a prefix's holder costs more the longer the request takes: a second of the copy's prefill
+// is priced as a second of this request's wait at the margin, the derivative of the convex TTFT price
+// ttft x (1 + ttft / Em), 1 + 2 ttft / Em; a long prompt is moved off its prefix only for a proportionally larger
+// gain. It was a fitted 4 (docs/benchmarks.md, "The duplicate's tail weight from the convex price").
+constexpr double kDuplicateTailWeight = 2.0;
 // The queue behind a long prefill. The router counts a pending request's uncached tokens in full until its
 // first token, however much of it is done, so it overstates a busy worker's queue: on the conversation trace at
 // 1.25x the knee, requests sent to a worker with 8K-128K tokens pending had a median real TTFT of 0.36-0.45 x

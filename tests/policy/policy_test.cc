@@ -351,12 +351,12 @@ TEST(KvCost, BeforeTheMeansAreKnownEachIsTheModelsOwnEstimate) {
 // Rent or buy (policy/kv_cost.cc): a request that stays on its prefix's holder where the other worker would serve it
 // for less with a copy pays the difference as rent into the prefix's account; once the account reaches what the
 // copy costs on top, the copy is bought, off any request's path: the request still goes to the holder, and its pick
-// names the other worker to warm (Pick::warm). The holder has 20 requests in flight: each request's cheapest choice
+// names the other worker to warm (Pick::warm). The holder has 16 requests in flight: each request's cheapest choice
 // is to stay, and the third buys (the scene does not change, so it goes on renting and buying in turn).
 TEST(KvCost, APrefixsRequestsBuyACopyOnceTheRentTheyPaidReachesItsPrice) {
   auto p = make("kv_cost");
   Scene s = holder_and_other();
-  s.workers[0].in_flight = 20;
+  s.workers[0].in_flight = 16;
   s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 0.03, .e2e_s = 10.0};
   // Each request stays on the holder, the cheapest worker, and pays rent until the copy is bought.
   auto stays = [&](const std::optional<Pick>& pick) { return pick && pick->worker == 0 && !pick->warm; };
