@@ -66,11 +66,13 @@ struct WorkerView {
 
 // Tokens a worker's KV pool lacks to admit `tokens` more now: the engine starts a waiting request only while its
 // free blocks cover it, in arrival order (vLLM v1's scheduler; backends/sim/engine.cc), so the prefill queued there
-// goes first. Free is the share of the pool not in use by requests, (1 - kv_usage) x capacity (vLLM's usage counts
-// the blocks requests hold; cached blocks no request holds are free, evictable). 0 while the pool has room, or when
-// its size is unknown. kv_cost prices the wait for the shortfall (admission), and a session may leave its worker
-// only when the pool lacks room for its turn (session affinity). It replaced a fitted threshold, usage >= 0.9
-// (docs/benchmarks.md, "The pool's room instead of a 90 % threshold").
+// goes first. Free is the share of the pool not in use by requests, (1 - kv_usage) x capacity: vLLM's usage counts
+// the blocks requests hold (cached blocks no request holds are free, evictable), and SGLang's sglang:token_usage is
+// the same share (max_total_num_tokens less the available and the evictable tokens, over max_total_num_tokens, in
+// its scheduler's token info). 0 while the pool has room, or when its size is unknown. kv_cost prices the wait for
+// the shortfall (admission), and a session may leave its worker only when the pool lacks room for its turn (session
+// affinity). It replaced a fitted threshold, usage >= 0.9 (docs/benchmarks.md, "The pool's room instead of a 90 %
+// threshold").
 inline double kv_room_shortfall(const WorkerView& w, double tokens_per_block, double tokens) {
   if (w.capacity_blocks == 0) return 0.0;
   const double pool = static_cast<double>(w.capacity_blocks) * tokens_per_block;
