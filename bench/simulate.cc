@@ -423,8 +423,6 @@ class FleetSim {
     double uncorrected_estimate = 0;     // the TTFT reported before the learned correction (what the learner checks)
     double reported_estimate = 0;        // the same as reported, corrected by the worker's learned error (calibration)
     double itl_estimate = 0;             // the pick's ITL estimate (calibration)
-    std::uint64_t pending_at_dispatch = 0;  // worker's pending prefill tokens when routed (debug dump)
-    std::uint32_t in_flight_at_dispatch = 0;
     policy::WorkerView view_at_dispatch;  // the worker as the pick saw it (debug dump)
     std::uint64_t best_matched = 0;      // longest match any worker had (debug dump)
     int bound = -1;                      // the session's bound worker, -1 if none (debug dump)
@@ -828,8 +826,6 @@ class FleetSim {
     f.uncorrected_estimate = pick ? policy::uncorrected_ttft_estimate(*pick, views_[wi]) : 0.0;
     f.reported_estimate = pick ? policy::corrected_ttft_estimate(*pick, views_[wi]) : 0.0;
     f.itl_estimate = pick ? pick->itl_estimate_s : 0.0;
-    f.pending_at_dispatch = views_[wi].pending_prefill_tokens;
-    f.in_flight_at_dispatch = views_[wi].in_flight;
     if (!o_.dump_dir.empty()) f.view_at_dispatch = views_[wi];
     if (uses_match_ && !o_.dump_dir.empty())
       for (std::size_t i = 0; i < views_.size(); ++i) f.best_matched = std::max(f.best_matched, ctx.matched_tokens(i));
@@ -934,7 +930,9 @@ class FleetSim {
     f.kv_tokens = f.predicted_uncached + policy::expected_output_tokens(max_tokens);
     if (sharing_) {
       stream_.push_back({t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), f.worker, r.id, session, mb,
-                         ++rep.routed_seq, {1, f.predicted_uncached, 0, prefill_s, 0, 0, f.kv_tokens}});
+                         ++rep.routed_seq,
+                         {.in_flight = 1, .pending_prefill_tokens = f.predicted_uncached, .pending_prefill_s = prefill_s,
+                          .inflight_kv_tokens = f.kv_tokens}});
     }
     l.prefill_queue.add(id, prefill_s, t);
     l.in_flight += 1;
@@ -968,7 +966,8 @@ class FleetSim {
       if (!f.submitted || f.finish < 0) continue;
       out << i << ',' << f.arrival << ',' << r.prompt_tokens << ',' << r.output_tokens << ',' << f.worker << ','
           << (r.prompt_tokens - f.predicted_uncached) << ',' << f.cached << ',' << f.estimate << ','
-          << f.pending_at_dispatch << ',' << f.in_flight_at_dispatch << ',' << (f.first_token - f.arrival) << ','
+          << f.view_at_dispatch.pending_prefill_tokens << ',' << f.view_at_dispatch.in_flight << ','
+          << (f.first_token - f.arrival) << ','
           << (f.finish - f.arrival) << ',' << f.best_matched << ',' << f.bound << ',' << f.reported_estimate << ','
           << f.view_at_dispatch.kv_usage << ',' << f.view_at_dispatch.running << ',' << f.view_at_dispatch.waiting << ','
           << f.view_at_dispatch.inflight_kv_tokens << ','

@@ -283,7 +283,9 @@ void Router::begin_routed(Decision& d, const RoutableRequest& request, const pol
     const bool send_chain = !d.worker->precise() || expected;
     shared->routed(d.worker->endpoint().url, request.chain.root,
                    send_chain ? std::span(request.chain.hashes) : std::span<const hashing::BlockHash>(), session_hash,
-                   policy::LoadShare{1, d.uncached_tokens, 0, prefill_s, 0, 0, d.kv_tokens}, expected ? ctx.matched_blocks(at) : 0);
+                   policy::LoadShare{.in_flight = 1, .pending_prefill_tokens = d.uncached_tokens,
+                                     .pending_prefill_s = prefill_s, .inflight_kv_tokens = d.kv_tokens},
+                   expected ? ctx.matched_blocks(at) : 0);
   }
 }
 
