@@ -838,10 +838,12 @@ class FleetSim {
     // kv_cost's prefix hold, as the daemon does it (router/router.h, Router::route): in precise mode, a request
     // without a session whose matched prefix ends in a block an earlier request is still computing on the
     // chosen worker, and that no KV event has confirmed yet, waits for that request's first token, the block's
-    // event, or --prefix-hold seconds.
+    // event, or --prefix-hold seconds; only where that prefix's prefill outlasts the worker's fixed part of TTFT
+    // (policy::prefix_hold_pays).
     hashing::ComputingPrefixes::Token leader = 0;
     const std::uint32_t mb = holds_ ? ctx.matched_blocks(wi) : 0;
     if (mb > 0 && r.session == 0 && rep.computing.holds_help(w) &&
+        policy::prefix_hold_pays(views_[wi], static_cast<double>(ctx.matched_tokens(wi))) &&
         rep.index.tier(w, r.chain.hashes[mb - 1]) == hashing::Tier::kPredicted)
       leader = rep.computing.computing(w, mb - 1, r.chain.hashes[mb - 1]).value_or(0);
     if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t);

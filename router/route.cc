@@ -262,7 +262,8 @@ void Router::begin_routed(Decision& d, const RoutableRequest& request, const pol
       // until that lands (prefix_held()). Its own blocks beyond the match are computing until its first byte.
       const std::uint32_t m = ctx.matched_blocks(at);
       const auto id = d.worker->id();
-      if (m > 0 && may_hold && computing_.holds_help(id)) {
+      if (m > 0 && may_hold && computing_.holds_help(id) &&
+          policy::prefix_hold_pays(ctx.workers[at], static_cast<double>(ctx.matched_tokens(at)))) {
         if (auto leader = computing_.computing(id, m - 1, request.chain.hashes[m - 1])) {
           d.hold_leader = *leader;
           d.hold_block = request.chain.hashes[m - 1];

@@ -352,6 +352,61 @@ TEST(PreciseE2E, ARequestWhoseClientLeavesWhileHeldIsNeverSent) {
   EXPECT_EQ(run.in_flight, 0.0);
 }
 
+// A hold pays only while the prefix's prefill outlasts the worker's fixed part of TTFT (policy::prefix_hold_pays),
+// which the router learns from requests with little to compute. Once it has, a request sharing a 256-token prefix
+// with one still computing it is sent at once, while one sharing a 12K-token prefix is still held.
+TEST(PreciseE2E, AShortPrefixIsNotWorthAHoldALongOneIs) {
+  PreciseFleet fleet(/*events=*/true, "vllm", {}, {"--speed", "2", "--num-gpu-blocks", "4000"});
+  fleet.wait_live();
+  for (int i = 1; i < 3; ++i) {
+    const auto c = http(fleet.admin(), "POST", "/admin/workers/127.0.0.1:" + std::to_string(fleet.sim(i)) + "/cordon");
+    ASSERT_EQ(c.status, 200) << c.body;
+  }
+  // Streamed requests of 8 tokens of their own teach the worker's fixed part of TTFT (front end, first step).
+  for (int k = 0; k < 60; ++k) {
+    json::array prompt;
+    for (int t = 0; t < 8; ++t) prompt.push_back(static_cast<std::int64_t>(90000 + 10 * k + t));
+    json::object b{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 2}, {"stream", true}};
+    const auto r = http_stream(fleet.api(), "POST", "/v1/completions", json::serialize(b), {},
+                               [](const std::string&, std::chrono::steady_clock::time_point) {});
+    ASSERT_EQ(r.status, 200) << r.error;
+  }
+  std::mt19937_64 rng(11);
+  auto holds_for = [&](std::uint64_t prefix_tokens) {
+    json::array prefix;
+    for (std::uint64_t t = 0; t < prefix_tokens; ++t) prefix.push_back(static_cast<std::int64_t>(1000 + rng() % 50000));
+    auto body = [&](int tail, bool stream) {
+      json::array prompt = prefix;
+      for (int t = 0; t < 32; ++t) prompt.push_back(static_cast<std::int64_t>(60000 + tail * 100 + t));
+      json::object b{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}, {"stream", stream}};
+      return json::serialize(b);
+    };
+    const double before = metric_sum(http(fleet.admin(), "GET", "/metrics").body, "kvroute_prefix_holds_total");
+    HttpResponse first;
+    std::thread leader([&] {
+      first = http_stream(fleet.api(), "POST", "/v1/completions", body(1, true), {},
+                          [](const std::string&, std::chrono::steady_clock::time_point) {});
+    });
+    // The second goes once the router has sent the first, while the first computes its prefix.
+    const auto routed_by = std::chrono::steady_clock::now() + 5s;
+    auto first_routed = [&] {
+      const auto workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
+      for (const auto& w : workers.at("workers").as_array())
+        if (w.at("in_flight").to_number<int>() > 0) return true;
+      return false;
+    };
+    while (!first_routed() && std::chrono::steady_clock::now() < routed_by) std::this_thread::sleep_for(1ms);
+    const HttpResponse second = http(fleet.api(), "POST", "/v1/completions", body(2, false));
+    leader.join();
+    EXPECT_EQ(first.status, 200) << first.error;
+    EXPECT_EQ(second.status, 200) << second.body << second.error;
+    EXPECT_EQ(second.header("x-kvroute-worker"), first.header("x-kvroute-worker"));
+    return metric_sum(http(fleet.admin(), "GET", "/metrics").body, "kvroute_prefix_holds_total") - before;
+  };
+  EXPECT_EQ(holds_for(256), 0.0);
+  EXPECT_EQ(holds_for(kHoldPrefix), 1.0);
+}
+
 TEST(PreciseE2E, RouterIndexEqualsWhatWorkersHoldAfterEvictingBurst) {
   PreciseFleet fleet(/*events=*/true);
   fleet.wait_live();

@@ -524,6 +524,22 @@ TEST(KvCost, ASessionDoesNotOpenByCopyingItsPrefixIntoACacheFullOfReusedBlocks) 
 
 // Of a later turn, what the session keeps on its worker alone: the prompt and expected output less the longest
 // match on any other worker.
+// The prefix hold pays only while the prefix's prefill outlasts the worker's fixed part of TTFT, which a held request
+// starts only once the prefix lands: on a 30,000 tokens/s worker with a 50 ms front end, a 12K-token prefix (0.34 s)
+// is worth waiting for, a 1,120-token one (25 ms) is not.
+TEST(PrefixHold, PaysOnlyWhileThePrefixsPrefillOutlastsTheFixedPartOfTtft) {
+  WorkerView w;
+  w.prefill_tokens_per_s = 30000;
+  w.base_ttft_s = 0.05;
+  EXPECT_TRUE(prefix_hold_pays(w, 12288));
+  EXPECT_FALSE(prefix_hold_pays(w, 1120));
+  EXPECT_NEAR(prefill_seconds(1120, 0, 30000), 0.025, 0.001);
+  w.base_ttft_s = 0.02;  // a leaner front end: the same prefix is worth the wait
+  EXPECT_TRUE(prefix_hold_pays(w, 1120));
+  w.base_ttft_s = 0;  // not learned yet: any prefix
+  EXPECT_TRUE(prefix_hold_pays(w, 16));
+}
+
 TEST(OwnContextTokens, ThePromptAndOutputLessTheLongestMatchElsewhere) {
   Scene s(3);
   s.match.blocks = {10, 6, 2};
