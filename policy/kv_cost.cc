@@ -335,7 +335,12 @@ class KvCost final : public RoutingPolicy {
   // excess sessions' own contexts take less KV than the copy would, and the holder has room for this session's own
   // context beside the blocks it has that are hit again (as `copy_fits` asks of a copy's target). What a session
   // keeps on its worker alone is its own context, taken at the largest any recent later turn had
-  // (RoutingContext::session_context_tokens); until later turns are seen there is no excess (agent sessions look
+  // (RoutingContext::session_context_tokens) less the prefix it opens on: a later turn's own context counts a prefix
+  // that only its own worker holds (a document read by that worker's sessions alone) as the session's, while the
+  // sessions opened on that prefix hold it once between them. Counted in full, a 94K-token document made every
+  // session look larger than the copy, and openings copied the document behind another worker's 95K-token prefill
+  // (family seed 173: 14 s first turns, mean TTFT 1.98x cache_aware's; 1.34x since: docs/benchmarks.md, "A
+  // session's own context beyond its prefix"). Until later turns are seen there is no excess (agent sessions look
   // small when they open and grow to 128K tokens). The balance in sessions is what keeps growing sessions apart;
   // where sessions share a long document or tool set and add little to it, copying the document for one session
   // more or less costs more KV, prefill and waiting than the sessions' own contexts do. Family seed 39 (nine
@@ -343,7 +348,7 @@ class KvCost final : public RoutingPolicy {
   // against 35 under e2 (docs/benchmarks.md, "A session opening weighed in KV").
   static bool excess_below_copy(const RoutingContext& ctx, double excess, double copy, std::uint32_t least_held) {
     if (ctx.session_context_tokens <= 0) return false;
-    const double own = ctx.session_context_tokens;
+    const double own = std::max(ctx.session_context_tokens - copy, 0.0);
     if (excess * own > copy) return false;
     for (std::size_t i = 0; i < ctx.workers.size(); ++i) {
       const WorkerView& w = ctx.workers[i];

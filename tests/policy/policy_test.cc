@@ -553,7 +553,7 @@ TEST(OwnContextTokens, ThePromptAndOutputLessTheLongestMatchElsewhere) {
 }
 
 // A session opens on the prefix's holder with more sessions than the mean while the excess sessions' own contexts
-// (RoutingContext::session_context_tokens each) take less KV than copying the prefix, and the holder has room for
+// (RoutingContext::session_context_tokens each, less the prefix) take less KV than copying the prefix, and the holder has room for
 // this session's beside its reused blocks; otherwise on the worker with the fewest sessions, as before.
 TEST(KvCost, ASessionOpensOnTheHolderWhileItsExcessSessionsTakeLessKvThanACopy) {
   auto p = make("kv_cost");
@@ -565,11 +565,15 @@ TEST(KvCost, ASessionOpensOnTheHolderWhileItsExcessSessionsTakeLessKvThanACopy) 
   s.context();
   s.ctx.opens_session = true;
   EXPECT_EQ(binds(p->pick(s.ctx)), 2u);  // no later turn seen yet
-  s.ctx.session_context_tokens = 250;      // 3 x 250 < 800
+  // Later turns' own contexts count the document (no other worker holds it): what a session keeps alone is its
+  // context beyond the document.
+  s.ctx.session_context_tokens = 1050;  // 3 x (1,050 - 800) < 800
   EXPECT_EQ(binds(p->pick(s.ctx)), 0u);
-  s.ctx.session_context_tokens = 300;  // 3 x 300 > 800
+  s.ctx.session_context_tokens = 1100;  // 3 x 300 > 800
   EXPECT_EQ(binds(p->pick(s.ctx)), 2u);
-  s.ctx.session_context_tokens = 250;
+  s.ctx.session_context_tokens = 300;  // nothing beyond the document
+  EXPECT_EQ(binds(p->pick(s.ctx)), 0u);
+  s.ctx.session_context_tokens = 1050;
   s.workers[0].reused_blocks = 998;  // 200 tokens of room, not the 250 the session is taken to keep
   s.context();
   EXPECT_EQ(binds(p->pick(s.ctx)), 2u);
