@@ -522,8 +522,6 @@ TEST(KvCost, ASessionDoesNotOpenByCopyingItsPrefixIntoACacheFullOfReusedBlocks) 
   EXPECT_EQ(binds(p->pick(s.context())), 1u);
 }
 
-// Of a later turn, what the session keeps on its worker alone: the prompt and expected output less the longest
-// match on any other worker.
 // The prefix hold pays only while the prefix's prefill outlasts the worker's fixed part of TTFT, which a held request
 // starts only once the prefix lands: on a 30,000 tokens/s worker with a 50 ms front end, a 12K-token prefix (0.34 s)
 // is worth waiting for, a 1,120-token one (25 ms) is not.
@@ -540,6 +538,8 @@ TEST(PrefixHold, PaysOnlyWhileThePrefixsPrefillOutlastsTheFixedPartOfTtft) {
   EXPECT_TRUE(prefix_hold_pays(w, 16));
 }
 
+// Of a later turn, what the session keeps on its worker alone: the prompt and expected output less the longest
+// match on any other worker.
 TEST(OwnContextTokens, ThePromptAndOutputLessTheLongestMatchElsewhere) {
   Scene s(3);
   s.match.blocks = {10, 6, 2};
@@ -553,8 +553,8 @@ TEST(OwnContextTokens, ThePromptAndOutputLessTheLongestMatchElsewhere) {
 }
 
 // A session opens on the prefix's holder with more sessions than the mean while the excess sessions' own contexts
-// (RoutingContext::session_context_tokens each, less the prefix) take less KV than copying the prefix, and the holder has room for
-// this session's beside its reused blocks; otherwise on the worker with the fewest sessions, as before.
+// (RoutingContext::session_context_tokens each, less the prefix) take less KV than copying the prefix, and the holder
+// has room for this session's beside its reused blocks; otherwise on the worker with the fewest sessions, as before.
 TEST(KvCost, ASessionOpensOnTheHolderWhileItsExcessSessionsTakeLessKvThanACopy) {
   auto p = make("kv_cost");
   Scene s(3);
