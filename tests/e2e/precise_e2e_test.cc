@@ -159,6 +159,18 @@ class PreciseFleet {
 // chunk.
 constexpr std::uint64_t kHoldPrefix = 12288;
 
+// Polls the router's /admin/workers every `poll` until some worker has a request in flight (at most 5 s).
+void wait_until_routed(int admin, std::chrono::milliseconds poll) {
+  const auto by = std::chrono::steady_clock::now() + 5s;
+  auto routed = [&] {
+    const auto workers = json::parse(http(admin, "GET", "/admin/workers").body);
+    for (const auto& w : workers.at("workers").as_array())
+      if (w.at("in_flight").to_number<int>() > 0) return true;
+    return false;
+  };
+  while (!routed() && std::chrono::steady_clock::now() < by) std::this_thread::sleep_for(poll);
+}
+
 struct HoldRun {
   std::uint64_t first_cached = 0, second_cached = 0;
   std::string first_worker, second_worker;
@@ -241,14 +253,7 @@ HoldRun prefix_hold_run(std::vector<std::string> router_args, std::vector<std::s
                         });
   });
   // The second goes once the router has sent the first (it is then computing its first chunk, about 0.15 s).
-  const auto routed_by = std::chrono::steady_clock::now() + 5s;
-  auto first_routed = [&] {
-    const auto workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
-    for (const auto& w : workers.at("workers").as_array())
-      if (w.at("in_flight").to_number<int>() > 0) return true;
-    return false;
-  };
-  while (!first_routed() && std::chrono::steady_clock::now() < routed_by) std::this_thread::sleep_for(2ms);
+  wait_until_routed(fleet.admin(), 2ms);
   std::this_thread::sleep_for(10ms);
   run.second_sent_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
   HttpResponse second;
@@ -388,14 +393,7 @@ TEST(PreciseE2E, AShortPrefixIsNotWorthAHoldALongOneIs) {
                           [](const std::string&, std::chrono::steady_clock::time_point) {});
     });
     // The second goes once the router has sent the first, while the first computes its prefix.
-    const auto routed_by = std::chrono::steady_clock::now() + 5s;
-    auto first_routed = [&] {
-      const auto workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
-      for (const auto& w : workers.at("workers").as_array())
-        if (w.at("in_flight").to_number<int>() > 0) return true;
-      return false;
-    };
-    while (!first_routed() && std::chrono::steady_clock::now() < routed_by) std::this_thread::sleep_for(1ms);
+    wait_until_routed(fleet.admin(), 1ms);
     const HttpResponse second = http(fleet.api(), "POST", "/v1/completions", body(2, false));
     leader.join();
     EXPECT_EQ(first.status, 200) << first.error;
