@@ -159,6 +159,23 @@ class PreciseFleet {
 // chunk.
 constexpr std::uint64_t kHoldPrefix = 12288;
 
+// `n` token ids drawn from `rng`: the prefix the prefix-hold tests' requests share.
+json::array random_prefix(std::mt19937_64& rng, std::uint64_t n) {
+  json::array prefix;
+  for (std::uint64_t t = 0; t < n; ++t) prefix.push_back(static_cast<std::int64_t>(1000 + rng() % 50000));
+  return prefix;
+}
+
+// A completion of 4 tokens for `prefix` and 32 token ids of its own (`tail` tells requests apart); streamed, with
+// the usage in its last event.
+std::string hold_request(const json::array& prefix, int tail, bool stream) {
+  json::array prompt = prefix;
+  for (int t = 0; t < 32; ++t) prompt.push_back(static_cast<std::int64_t>(60000 + tail * 100 + t));
+  json::object b{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}, {"stream", stream}};
+  if (stream) b["stream_options"] = json::object{{"include_usage", true}};
+  return json::serialize(b);
+}
+
 // Polls the router's /admin/workers every `poll` until some worker has a request in flight (at most 5 s).
 void wait_until_routed(int admin, std::chrono::milliseconds poll) {
   const auto by = std::chrono::steady_clock::now() + 5s;
@@ -192,15 +209,8 @@ HoldRun prefix_hold_run(std::vector<std::string> router_args, std::vector<std::s
   PreciseFleet fleet(/*events=*/true, "vllm", std::move(router_args), std::move(sim_args));
   fleet.wait_live();
   std::mt19937_64 rng(7);
-  json::array prefix;
-  for (std::uint64_t t = 0; t < kHoldPrefix; ++t) prefix.push_back(static_cast<std::int64_t>(1000 + rng() % 50000));
-  auto body = [&](int tail, bool stream) {
-    json::array prompt = prefix;
-    for (int t = 0; t < 32; ++t) prompt.push_back(static_cast<std::int64_t>(60000 + tail * 100 + t));
-    json::object b{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}, {"stream", stream}};
-    if (stream) b["stream_options"] = json::object{{"include_usage", true}};
-    return json::serialize(b);
-  };
+  const json::array prefix = random_prefix(rng, kHoldPrefix);
+  auto body = [&](int tail, bool stream) { return hold_request(prefix, tail, stream); };
   auto cached = [](const std::string& text) -> std::uint64_t {
     // The usage object of a response, or of a stream's last data event.
     const auto at = text.rfind("\"prompt_tokens_details\"");
@@ -378,14 +388,8 @@ TEST(PreciseE2E, AShortPrefixIsNotWorthAHoldALongOneIs) {
   }
   std::mt19937_64 rng(11);
   auto holds_for = [&](std::uint64_t prefix_tokens) {
-    json::array prefix;
-    for (std::uint64_t t = 0; t < prefix_tokens; ++t) prefix.push_back(static_cast<std::int64_t>(1000 + rng() % 50000));
-    auto body = [&](int tail, bool stream) {
-      json::array prompt = prefix;
-      for (int t = 0; t < 32; ++t) prompt.push_back(static_cast<std::int64_t>(60000 + tail * 100 + t));
-      json::object b{{"model", "qwen3-8b"}, {"prompt", prompt}, {"max_tokens", 4}, {"stream", stream}};
-      return json::serialize(b);
-    };
+    const json::array prefix = random_prefix(rng, prefix_tokens);
+    auto body = [&](int tail, bool stream) { return hold_request(prefix, tail, stream); };
     const double before = metric_sum(http(fleet.admin(), "GET", "/metrics").body, "kvroute_prefix_holds_total");
     HttpResponse first;
     std::thread leader([&] {
