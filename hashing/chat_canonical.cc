@@ -54,6 +54,22 @@ boost::json::value chat_part(const boost::json::value& part) {
   return part;
 }
 
+// The bytes of the messages' roles and string contents, and four markers each: what canonical_chat writes for a
+// plain chat, reserved at once. Appended as it grows, an 8K-token prompt's text was copied about twice over (a
+// fifth of parsing a request: kvroute-routing-bench, BM_Parse).
+std::size_t text_bytes(const boost::json::array& messages) {
+  std::size_t n = 0;
+  for (const auto& m : messages) {
+    const auto* obj = m.if_object();
+    if (obj == nullptr) continue;
+    n += 4;
+    if (const auto* role = obj->if_contains("role"); role != nullptr && role->is_string()) n += role->get_string().size();
+    if (const auto* content = obj->if_contains("content"); content != nullptr && content->is_string())
+      n += content->get_string().size();
+  }
+  return n;
+}
+
 }  // namespace
 
 void canonical_json(const boost::json::value& v, std::string& out) {
@@ -95,6 +111,7 @@ Result<std::string> canonical_chat(const boost::json::value& messages, const boo
     return make_error("'messages' must be an array", 400, "invalid_request_error", "invalid_type");
   }
   std::string out;
+  out.reserve(text_bytes(messages.get_array()));
   if (tools != nullptr && !tools->is_null()) {
     if (!tools->is_array()) return make_error("'tools' must be an array", 400, "invalid_request_error", "invalid_type");
     if (!tools->get_array().empty()) {

@@ -46,8 +46,10 @@ inline constexpr double kReferenceContextTokens = 8192.0 + 4096.0;
 // Seconds to prefill `tokens` new tokens after `cached` tokens already in the KV cache, at rate P quoted at
 // the reference context.
 inline double prefill_seconds(double tokens, double cached, double prefill_tokens_per_s) {
-  const double scale = (1.0 + (cached + tokens / 2.0) / kAttentionContextTokens) /
-                       (1.0 + kReferenceContextTokens / kAttentionContextTokens);
+  // The constant divisions as products (kv_cost prices a few prefills per worker and request).
+  constexpr double kPerContextToken = 1.0 / kAttentionContextTokens;
+  constexpr double kPerReference = 1.0 / (1.0 + kReferenceContextTokens / kAttentionContextTokens);
+  const double scale = (1.0 + (cached + tokens * 0.5) * kPerContextToken) * kPerReference;
   return tokens * scale / (prefill_tokens_per_s > 1.0 ? prefill_tokens_per_s : 1.0);
 }
 

@@ -9,10 +9,6 @@
 
 namespace kvroute::policy {
 
-std::uint64_t RoutingContext::matched_tokens(std::size_t i) const {
-  return tokens_of_blocks(matched_blocks(i), tokens_per_block, prompt_tokens);
-}
-
 double own_context_tokens(const RoutingContext& ctx) {
   if (!ctx.preferred) return 0.0;
   std::uint64_t shared = 0;

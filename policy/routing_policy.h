@@ -159,7 +159,9 @@ LoadShare queued_at(std::vector<TimedShare> parts, double now);
 
 // `blocks` leading blocks of a prompt as tokens: blocks x tokens per block, at most the prompt's tokens.
 inline std::uint64_t tokens_of_blocks(std::uint64_t blocks, double tokens_per_block, std::uint64_t prompt_tokens) {
-  const auto tokens = static_cast<std::uint64_t>(std::llround(static_cast<double>(blocks) * tokens_per_block));
+  // Rounded to nearest (as llround: the product is non-negative), inline; llround is a libm call, and kv_cost
+  // asks this a few times per worker and request.
+  const auto tokens = static_cast<std::uint64_t>(static_cast<double>(blocks) * tokens_per_block + 0.5);
   return std::min(tokens, prompt_tokens);
 }
 
@@ -207,7 +209,9 @@ struct RoutingContext {
 
   std::uint32_t matched_blocks(std::size_t i) const { return match ? match->of(workers[i].id) : 0; }
   std::uint32_t matched_cpu_blocks(std::size_t i) const { return match ? match->cpu_of(workers[i].id) : 0; }
-  std::uint64_t matched_tokens(std::size_t i) const;
+  std::uint64_t matched_tokens(std::size_t i) const {
+    return tokens_of_blocks(matched_blocks(i), tokens_per_block, prompt_tokens);
+  }
 };
 
 // Of a request continuing a session (ctx.preferred set), the tokens of its context no other worker holds: the
