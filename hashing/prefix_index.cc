@@ -7,27 +7,32 @@
 namespace kvroute::hashing {
 
 namespace {
-constexpr int kInitialBits = 10;
-// Maximum load of the block table before it doubles (linear probing stays short below this).
-constexpr double kMaxLoad = 0.75;
+constexpr std::size_t kInitialSlots = 1024;
+// Maximum load of the block table before it grows by a quarter (linear probing stays short below this). Growing
+// by a quarter rather than doubling keeps the load between 0.5 and 0.625, so the table costs at most 40 bytes
+// per block (20-byte slots), at most 20 per (block, worker) entry wherever blocks have two or more holders, and
+// with the 20-byte entries at most 40 bytes per entry in all. With 1M entries on 402K blocks (kvroute-routing-bench,
+// BM_IndexMemory) the doubling table was at 0.38 load and an entry took 45 bytes in all; 33 now (docs/overhead.md).
+constexpr double kMaxLoad = 0.625;
 }  // namespace
 
 PrefixIndex::PrefixIndex() {
-  table_bits_ = kInitialBits;
-  slots_.assign(std::size_t{1} << table_bits_, Slot{{0, 0}, {0, 0}, kNil});
+  slots_.assign(kInitialSlots, Slot{{0, 0}, {0, 0}, kNil});
+  slot_count_ = slots_.size();
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Block table: linear probing with backward-shift deletion, keyed by the block hash. The hash is already
-// well mixed (XXH3), but callers may feed small integers (tests, traces), so it is multiplied once more.
+// well mixed (XXH3), but callers may feed small integers (tests, traces), so it is multiplied once more, and
+// mapped onto the table's size by the high half of a 64 x 64-bit product (the size need not be a power of two).
 
 std::size_t PrefixIndex::slot_of(BlockHash h) const {
-  return static_cast<std::size_t>((h * 0x9E3779B97F4A7C15ull) >> (64 - table_bits_));
+  const unsigned __int128 x = static_cast<unsigned __int128>(h * 0x9E3779B97F4A7C15ull) * slot_count_;
+  return static_cast<std::size_t>(x >> 64);
 }
 
 std::size_t PrefixIndex::find_slot(BlockHash h) const {
-  const std::size_t mask = slots_.size() - 1;
-  for (std::size_t i = slot_of(h);; i = (i + 1) & mask) {
+  for (std::size_t i = slot_of(h);; i = next_slot(i)) {
     const Slot& s = slots_[i];
     if (s.head == kNil) return kNoSlot;
     if (s.key() == h) return i;
@@ -35,9 +40,8 @@ std::size_t PrefixIndex::find_slot(BlockHash h) const {
 }
 
 std::size_t PrefixIndex::insert_slot(BlockHash h) {
-  if (static_cast<double>(used_slots_ + 1) > kMaxLoad * static_cast<double>(slots_.size())) grow_table();
-  const std::size_t mask = slots_.size() - 1;
-  for (std::size_t i = slot_of(h);; i = (i + 1) & mask) {
+  if (static_cast<double>(used_slots_ + 1) > kMaxLoad * static_cast<double>(slot_count_)) grow_table();
+  for (std::size_t i = slot_of(h);; i = next_slot(i)) {
     Slot& s = slots_[i];
     if (s.head == kNil) {
       s.set_key(h);
@@ -50,30 +54,36 @@ std::size_t PrefixIndex::insert_slot(BlockHash h) {
 }
 
 void PrefixIndex::erase_slot(std::size_t i) {
-  const std::size_t mask = slots_.size() - 1;
   slots_[i].head = kNil;
   --used_slots_;
   // Shift later members of the probe run back so lookups never stop early at the hole.
-  for (std::size_t j = (i + 1) & mask; slots_[j].head != kNil; j = (j + 1) & mask) {
+  for (std::size_t j = next_slot(i); slots_[j].head != kNil; j = next_slot(j)) {
     const std::size_t ideal = slot_of(slots_[j].key());
     const bool between = (i <= j) ? (i < ideal && ideal <= j) : (i < ideal || ideal <= j);
     if (between) continue;
     slots_[i] = slots_[j];
     slots_[j].head = kNil;
+    point_entries_at(i);
     i = j;
   }
 }
 
 void PrefixIndex::grow_table() {
   std::vector<Slot> old = std::move(slots_);
-  ++table_bits_;
-  slots_.assign(std::size_t{1} << table_bits_, Slot{{0, 0}, {0, 0}, kNil});
-  const std::size_t mask = slots_.size() - 1;
+  slots_.assign(old.size() + old.size() / 4, Slot{{0, 0}, {0, 0}, kNil});
+  slot_count_ = slots_.size();
   for (const Slot& s : old) {
     if (s.head == kNil) continue;
     std::size_t i = slot_of(s.key());
-    while (slots_[i].head != kNil) i = (i + 1) & mask;
+    while (slots_[i].head != kNil) i = next_slot(i);
     slots_[i] = s;
+    point_entries_at(i);
+  }
+}
+
+void PrefixIndex::point_entries_at(std::size_t i) {
+  for (std::uint32_t e = slots_[i].head; e != kNil; e = entries_[e].next_in_block) {
+    entries_[e].slot = static_cast<std::uint32_t>(i);
   }
 }
 
@@ -170,7 +180,7 @@ std::uint32_t PrefixIndex::touch(WorkerId w, BlockHash h, Tier tier, bool keep_p
   e = alloc_entry();
   const std::size_t s = insert_slot(h);  // may grow the table, so the slot is taken after it
   Slot& slot = slots_[s];
-  entries_[e] = Entry{h, slot.head, kNil, kNil, w, tier, 0};
+  entries_[e] = Entry{static_cast<std::uint32_t>(s), slot.head, kNil, kNil, w, tier, 0};
   slot.head = e;
   slot.set_holders(slot.holders() | holder_bit(w));
   if (tier == Tier::kCpu) ++cpu_entries_;
@@ -186,7 +196,7 @@ void PrefixIndex::erase_entry(std::uint32_t e) {
   --l.count;
   if (en.hits > 0) --l.reused;
   if (en.tier == Tier::kCpu) --cpu_entries_;
-  const std::size_t s = find_slot(en.hash);
+  const std::size_t s = en.slot;
   Slot& slot = slots_[s];
   if (slot.head == e && en.next_in_block == kNil) {
     erase_slot(s);  // the block's last entry frees its slot
@@ -378,7 +388,7 @@ std::vector<BlockHash> PrefixIndex::worker_hashes(WorkerId worker) const {
   std::vector<BlockHash> out;
   if (worker >= workers_.size()) return out;
   out.reserve(workers_[worker].count);
-  for (std::uint32_t e = workers_[worker].head; e != kNil; e = entries_[e].lru_next) out.push_back(entries_[e].hash);
+  for (std::uint32_t e = workers_[worker].head; e != kNil; e = entries_[e].lru_next) out.push_back(slots_[entries_[e].slot].key());
   return out;
 }
 
@@ -388,7 +398,7 @@ std::vector<std::pair<BlockHash, Tier>> PrefixIndex::worker_entries(WorkerId wor
   if (worker >= workers_.size()) return out;
   out.reserve(workers_[worker].count);
   for (std::uint32_t e = workers_[worker].head; e != kNil; e = entries_[e].lru_next) {
-    out.emplace_back(entries_[e].hash, entries_[e].tier);
+    out.emplace_back(slots_[entries_[e].slot].key(), entries_[e].tier);
   }
   return out;
 }

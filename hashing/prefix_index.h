@@ -124,8 +124,10 @@ class PrefixIndex {
  private:
   static constexpr std::uint32_t kNil = 0xffffffffu;
 
+  // 20 bytes. An entry names its block by the block's slot in the table (the slot holds the hash), which the
+  // table keeps up to date when a block's slot moves (grow_table, erase_slot); the hash itself took 8 bytes more.
   struct Entry {
-    BlockHash hash;
+    std::uint32_t slot;           // the block's slot in slots_
     std::uint32_t next_in_block;  // next entry of the same block (another worker), or kNil
     std::uint32_t lru_prev;       // towards the most recently used end
     std::uint32_t lru_next;       // towards the least recently used end
@@ -133,7 +135,7 @@ class PrefixIndex {
     Tier tier;
     std::uint8_t hits;  // saturating count of touches after the first
   };
-  static_assert(sizeof(Entry) == 24);
+  static_assert(sizeof(Entry) == 20);
 
   struct WorkerLru {
     std::uint32_t head = kNil;  // most recently used
@@ -160,6 +162,8 @@ class PrefixIndex {
 
   // --- block table (callers hold mu_) ---
   std::size_t slot_of(BlockHash h) const;
+  std::size_t next_slot(std::size_t i) const { return i + 1 == slot_count_ ? 0 : i + 1; }
+  void point_entries_at(std::size_t i);  // the entries of the block in slot i name slot i
   std::size_t find_slot(BlockHash h) const;  // kNoSlot when absent
   std::size_t insert_slot(BlockHash h);      // existing or new slot (kNil head when new); may grow the table
   void erase_slot(std::size_t i);
@@ -201,9 +205,9 @@ class PrefixIndex {
   std::uint32_t free_head_ = kNil;              // free list through next_in_block; guarded by mu_
   std::size_t live_entries_ = 0;                // guarded by mu_
   std::vector<Slot> slots_;                     // block table; guarded by mu_
+  std::size_t slot_count_ = 0;                  // slots_.size(), kept (a 20-byte stride makes size() a division)
   std::size_t cpu_entries_ = 0;                 // entries on a CPU tier; guarded by mu_
   std::size_t used_slots_ = 0;                  // guarded by mu_
-  int table_bits_ = 0;                          // guarded by mu_
   std::vector<WorkerLru> workers_;              // guarded by mu_
   StoreListener store_listener_;                // set once, before concurrent use
 };

@@ -1,5 +1,7 @@
 #include "hashing/prefix_index.h"
 
+#include <algorithm>
+#include <list>
 #include <numeric>
 #include <random>
 #include <set>
@@ -223,6 +225,57 @@ TEST(PrefixIndex, RandomizedAgainstReferenceModel) {
     total += truth[w].size();
   }
   EXPECT_EQ(idx.entries(), total);
+}
+
+// Entries name their block by its slot in the table, which moves when the table grows and when a deletion
+// shifts a probe run back. Evicting from a worker's LRU tail finds the block through that slot: checked against
+// an LRU per worker while the table grows from its first size through many growths and deletions.
+TEST(PrefixIndex, EvictionFindsEachEntrysBlockWhileTheTableGrowsAndShifts) {
+  constexpr std::size_t kCapacity = 900;
+  PrefixIndex idx;
+  std::vector<std::list<BlockHash>> lru(4);  // most recent first
+  for (WorkerId w = 0; w < 4; ++w) idx.set_capacity(w, kCapacity);
+  std::mt19937_64 rng(11);
+  for (int op = 0; op < 4000; ++op) {
+    const WorkerId w = rng() % 4;
+    // Chains share their first blocks often (a few dozen prefixes), so blocks have several holders.
+    const auto c = chain(rng() % (op < 2000 ? 40 : 4000), 1 + rng() % 24);
+    idx.record(w, c);
+    for (std::size_t i = c.size(); i-- > 0;) {
+      lru[w].remove(c[i]);
+      lru[w].push_front(c[i]);
+    }
+    while (lru[w].size() > kCapacity) lru[w].pop_back();
+    if (op % 500 == 499) {
+      for (WorkerId v = 0; v < 4; ++v) {
+        const auto got = idx.worker_hashes(v);
+        ASSERT_EQ(std::vector<BlockHash>(got.begin(), got.end()), std::vector<BlockHash>(lru[v].begin(), lru[v].end()))
+            << "worker " << v << " after op " << op;
+      }
+    }
+  }
+  EXPECT_GT(idx.distinct_blocks(), 1500u);  // past the table's first size (1,024 slots) several times over
+  std::size_t total = 0;
+  for (const auto& l : lru) total += l.size();
+  EXPECT_EQ(idx.entries(), total);
+}
+
+// The product's bound: at most 40 bytes per (block, worker) entry, the block table included, wherever blocks have
+// two or more holders on average (kvroute-routing-bench, BM_IndexMemory, measures the same on a fleet-like fill).
+// Checked at sizes across a whole growth of the table, blocks held by 2-3 workers each.
+TEST(PrefixIndex, AnEntryTakesAtMost40BytesWithItsShareOfTheTable) {
+  PrefixIndex idx;
+  std::mt19937_64 rng(5);
+  std::uint64_t block = 0;
+  for (std::size_t target = 50'000; target <= 400'000; target += 25'000) {
+    while (idx.entries() < target) {
+      const BlockHash h = rng();
+      const std::size_t holders = 2 + (block++ % 2);
+      for (std::size_t k = 0; k < holders; ++k) idx.store(static_cast<WorkerId>((block + k) % 64), {&h, 1}, Tier::kGpu);
+    }
+    const double per_entry = static_cast<double>(idx.memory_bytes()) / static_cast<double>(idx.entries());
+    EXPECT_LE(per_entry, 40.0) << idx.entries() << " entries on " << idx.distinct_blocks() << " blocks";
+  }
 }
 
 TEST(PrefixIndex, ConcurrentReadersAndWriters) {
