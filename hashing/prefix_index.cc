@@ -393,7 +393,7 @@ std::vector<BlockHash> PrefixIndex::worker_hashes(WorkerId worker) const {
   std::vector<BlockHash> out;
   if (worker >= workers_.size()) return out;
   out.reserve(workers_[worker].count);
-  for (std::uint32_t e = workers_[worker].head; e != kNil; e = entries_[e].lru_next) out.push_back(slots_[entries_[e].slot].key());
+  for (std::uint32_t e = workers_[worker].head; e != kNil; e = entries_[e].lru_next) out.push_back(hash_of(e));
   return out;
 }
 
@@ -403,7 +403,7 @@ std::vector<std::pair<BlockHash, Tier>> PrefixIndex::worker_entries(WorkerId wor
   if (worker >= workers_.size()) return out;
   out.reserve(workers_[worker].count);
   for (std::uint32_t e = workers_[worker].head; e != kNil; e = entries_[e].lru_next) {
-    out.emplace_back(slots_[entries_[e].slot].key(), entries_[e].tier);
+    out.emplace_back(hash_of(e), entries_[e].tier);
   }
   return out;
 }

@@ -172,6 +172,7 @@ class PrefixIndex {
   void match_by_entries(std::span<const BlockHash> chain, Match& out) const;
 
   // --- entries ---
+  BlockHash hash_of(std::uint32_t e) const { return slots_[entries_[e].slot].key(); }
   WorkerLru& lru(WorkerId w);
   std::uint32_t find_entry(WorkerId w, BlockHash h) const;
   std::uint32_t find_entry_to_front(WorkerId w, BlockHash h);
