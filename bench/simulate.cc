@@ -206,6 +206,7 @@ class FleetSim {
       rep->load.resize(n_);
       rep->remote.resize(n_);
       rep->remote_at.resize(n_, 0.0);
+      rep->last_opened.resize(n_, -std::numeric_limits<double>::infinity());
       rep->others_ended.resize(n_, 0);
       rep->ended_at_poll.resize(n_, 0);
       rep->peers.resize(replicas);
@@ -341,6 +342,7 @@ class FleetSim {
     hashing::ComputingPrefixes computing;
     policy::RateLearner learner;
     std::unordered_map<std::uint64_t, std::pair<std::size_t, double>> sessions;  // session -> (worker, last use)
+    std::vector<double> last_opened;  // by worker: when a session was last bound to it anew (as Router::bind_session)
     policy::BurstStagger stagger;  // sharing: its own arrivals, to take turns with the others in bursts
     std::uint64_t sequence = 0;    // requests it routed (RoutingContext::sequence, as Router's sequence_)
     // The own contexts of this replica's sessions' later turns (RoutingContext::session_context_tokens).
@@ -604,6 +606,14 @@ class FleetSim {
 
   // ---- What the replicas share (sharing on), modelled on the daemon's SharedState (backends/shared_state) ----
 
+  // Binds `session` to worker `w` at `t` on replica `rep`, as Router::bind_session: a binding made anew (none, or
+  // expired) is an opening there.
+  void bind(Replica& rep, std::uint64_t session, std::size_t w, double t) {
+    auto [it, inserted] = rep.sessions.try_emplace(session, w, t);
+    if (inserted || t - it->second.second > o_.session_ttl_s) rep.last_opened[w] = t;
+    it->second = {w, t};
+  }
+
   // The routed records readable by now: every other replica applies the prediction to its index as its own
   // (ReplicaSync::apply_routed, approximate mode) and adopts the session binding.
   void apply_stream(double now) {
@@ -619,7 +629,7 @@ class FleetSim {
         if (run_.mode == IndexMode::kPrecise && uses_match_) rep.index.expect(rec.worker, hashes);
         // ... and what it computes, for prefix holds here (ComputingPrefixes::begin_elsewhere).
         if (holds_) rep.computing.begin_elsewhere(rec.worker, hashes, rec.computes_from, rec.at);
-        if (rec.session != 0) rep.sessions[rec.session] = {rec.worker, rec.at};
+        if (rec.session != 0) bind(rep, rec.session, rec.worker, rec.at);
         Replica::Peer& peer = rep.peers[rec.from];
         if (rec.seq > peer.covered) {
           peer.since.push_back({rec.seq, {rec.worker, {rec.at, rec.load}}});
@@ -784,6 +794,7 @@ class FleetSim {
     if (r.session != 0 && !preferred) {
       for (const auto& [key, b] : rep.sessions)
         if (t - b.second <= o_.session_ttl_s) ++views_[b.first].sessions;
+      for (std::size_t i = 0; i < n_; ++i) views_[i].session_opened_ago_s = t - rep.last_opened[i];
     }
     // 3. Match + pick, timed as the router's own decision cost.
     const auto t0 = std::chrono::steady_clock::now();
@@ -833,7 +844,7 @@ class FleetSim {
     // The session is bound where the pick says: kv_cost may bind an opening to another worker than its first turn's
     // (policy::Pick::session_worker), which a warm-up then copies the prompt to.
     const std::size_t bound_to = pick && pick->session_worker ? *pick->session_worker : wi;
-    if (r.session != 0) rep.sessions[r.session] = {bound_to, t};
+    if (r.session != 0) bind(rep, r.session, bound_to, t);
 
     // kv_cost's prefix hold, as the daemon does it (router/router.h, Router::route): in precise mode, a request
     // without a session whose matched prefix ends in a block an earlier request is still computing on the

@@ -8,9 +8,9 @@
 //   queue    = max(pending / P,                      work admitted ahead of this request: at the reference rate,
 //                  prefill_seconds(pending, 0, P))     or attention-weighted when so much is pending that a long
 //                                                      prompt must be among it
-//              behind a long prefill (the oldest pending one estimated at 1 s or more): at least the sum of
-//              the pending requests' own estimates (attention to their cached context included), less the
-//              time the worker has spent on them since its last first token, up to half the oldest's estimate
+//              at least the sum of the pending requests' own estimates (attention to their cached context
+//              included), less the time the worker has spent on them since its last first token at a chunk's
+//              share of its step (chunk / P over chunk / P + step), up to the oldest's estimate
 //            + ceil((pending' + m) / chunk) x step    each chunked-prefill step also runs the decode batch;
 //                                                      step = the worker's decode step at its current batch;
 //                                                      pending' = pending scaled as the queue was
@@ -20,7 +20,7 @@
 //              the requests in flight will have allocated, times out x step (they end spread over one turnover,
 //              each freeing its own tokens)
 //   TTFT     = queue + prefill + admit                 (the estimate session affinity compares)
-//   expected = base + queue' + prefill + admit'        (the TTFT reported, not compared: Terms::expected)
+//   expected = base + queue + prefill + admit'         (the TTFT reported, not compared: Terms::expected)
 //   evict    = blocks the request computes x share of the worker's capacity holding blocks that were hit
 //              again x recompute time of a block     (a warm cache evicts one block per block computed; in
 //              precise mode a predicted block the worker's event confirms counts as hit again, so the share
@@ -125,19 +125,20 @@ constexpr double kDuplicateWeight = 5.0;
 // ttft x (1 + ttft / Em), 1 + 2 ttft / Em; a long prompt is moved off its prefix only for a proportionally larger
 // gain. It was a fitted 4 (docs/benchmarks.md, "The duplicate's tail weight from the convex price").
 constexpr double kDuplicateTailWeight = 2.0;
-// The queue behind a long prefill. The router counts a pending request's uncached tokens in full until its
-// first token, however much of it is done, so it overstates a busy worker's queue: on the conversation trace at
-// 1.25x the knee, requests sent to a worker with 8K-128K tokens pending had a median real TTFT of 0.36-0.45 x
-// kv_cost's estimate (docs/benchmarks.md, "Tried since", eighth round), and conversations left holders that
-// were 2-3 s from serving them. When the oldest pending prefill is estimated at kLongPrefillSeconds or more,
-// the queue is at least the sum of the pending requests' own estimates (a prefill after 100K cached tokens
-// costs far more than its token count says) and is credited the time spent on them since the worker's last
-// first token, up to kProgressShare of the oldest one's estimate (the rest is left as a margin: estimates of
-// the longest prefills run short). Shorter prefills keep the plain estimate, which is why the generators,
-// whose prompts prefill in well under a second, are routed exactly as before. Shares of 0.2-0.7 were measured
-// (docs/benchmarks.md, eighth round); 0.5 is kept.
-constexpr double kLongPrefillSeconds = 1.0;
-constexpr double kProgressShare = 0.5;
+// The queue's progress. The router counts a pending request's uncached tokens in full until its first token,
+// however much of it is done, so it overstates a busy worker's queue: on the conversation trace at 1.25x the knee,
+// requests sent to a worker with 8K-128K tokens pending had a median real TTFT of 0.36-0.45 x kv_cost's estimate
+// (docs/benchmarks.md, "Tried since", eighth round). The queue is at least the sum of the pending requests' own
+// estimates (a prefill after 100K cached tokens costs far more than its token count says), less the work done on
+// it since the worker's last first token, at most the oldest one's estimate. That time is the engine's, and the
+// queue model charges each chunk of kChunkTokens its prefill, kChunkTokens / P, plus one decode step while requests
+// decode there (architecture section 8: the step that carries a chunk also decodes the batch); so the time since
+// is credited at a chunk's share of its step, (kChunkTokens / P) / (kChunkTokens / P + step), to the prefill, and
+// the steps the credited tokens no longer need go with it. It replaced a fitted gate and share (credit only behind
+// prefills of 1 s or more, and then half), which kept the generators' cells as they were tuned. With the session
+// opening's tie-break below: 321 of 450 family seeds within every margin against 307, and on draws held out of
+// that choice 127 of 200 against 130 (docs/benchmarks.md, "The queue's progress at a chunk's share, and openings
+// in turn").
 
 class KvCost final : public RoutingPolicy {
  public:
@@ -155,10 +156,7 @@ class KvCost final : public RoutingPolicy {
     //  - base: the worker's learned fixed part (front end, first step; WorkerView::base_ttft_s); for short
     //    requests it is most of the TTFT (on the benchmark family, estimate + base alone took the median error
     //    of the reported estimate from 26 % to 14 %);
-    //  - queue': the pending prefill less what the worker has done of it: the head of the queue has been
-    //    computed since the worker's last first token (prefill_elapsed_s), at most its own estimate
-    //    (oldest_prefill_s). Routing credits this only behind long prefills, and then only half (see
-    //    kProgressShare); in full, the queued requests' median observed / expected went from 0.85 to 1;
+    //  - queue: as routing prices it, the work done on it credited (see "The queue's progress" above);
     //  - admit': when the pool lacks room for the request (kv_room_shortfall), the engine's waiting line
     //    (WorkerView::waiting) drains as running requests finish, running / (out x step) per second (Little's
     //    law, with this request's output as the typical one), so this request waits (waiting + 1) x out x step
@@ -221,8 +219,10 @@ class KvCost final : public RoutingPolicy {
     // it, at that prompt's attention-weighted cost (a queued 190K prompt takes 24 s, not 190K / P = 7 s).
     const double plain = std::max(pending / P, prefill_seconds(pending, 0.0, P));
     double queued = plain;
-    if (w.oldest_prefill_s >= kLongPrefillSeconds && plain > 0) {
-      const double credit = std::min(w.prefill_elapsed_s, kProgressShare * w.oldest_prefill_s);
+    if (plain > 0) {
+      const double chunk = kChunkTokens / P;
+      const double share = decoding ? chunk / (chunk + step) : 1.0;
+      const double credit = std::min(share * w.prefill_elapsed_s, w.oldest_prefill_s);
       queued = std::max(0.0, std::max(plain, w.pending_prefill_s) - credit);
     }
     const double pending_left = plain > 0 ? pending * std::min(1.0, queued / plain) : 0.0;
@@ -247,10 +247,7 @@ class KvCost final : public RoutingPolicy {
       }
     }
     t.ttft = queue + prefill + admit;
-    const double queue_base = w.oldest_prefill_s >= kLongPrefillSeconds ? std::max(plain, w.pending_prefill_s) : plain;
-    const double done = std::min(w.prefill_elapsed_s, w.oldest_prefill_s);
-    const double queued_expected = plain > 0 ? std::max(0.0, queue_base - done) : 0.0;
-    t.expected = std::max(w.base_ttft_s, 0.0) + queue - queued + queued_expected + prefill + admit_expected;
+    t.expected = std::max(w.base_ttft_s, 0.0) + queue + prefill + admit_expected;
 
     if (w.capacity_blocks > 0) {
       t.reuse = std::min(1.0, static_cast<double>(w.reused_blocks) / static_cast<double>(w.capacity_blocks));
@@ -463,12 +460,14 @@ class KvCost final : public RoutingPolicy {
         alt_cost = c;
       }
       // A request opening a session goes to a worker with the fewest live sessions bound (of the prefix's holders,
-      // above), then the fewest requests in flight, then the cheapest. Its pick binds the session's later turns,
-      // whose load is unknown now but alike in expectation for every session, so the sessions themselves are what
-      // to spread evenly; the cost of this first turn hardly differs between workers, and picking by it stacked
-      // agent sessions whose contexts later grew to 50-128K tokens on a few workers until their KV pools
-      // overflowed. Requests in flight alone miss the sessions between two turns (an agent waiting for a tool has
-      // none in flight), so they stay the tie-break (docs/benchmarks.md, "Where a session opens").
+      // above), then to the one whose last session opened longest ago, then the cheapest. Its pick binds the
+      // session's later turns, whose load is unknown now but alike in expectation for every session, so the
+      // sessions themselves are what to spread evenly; the cost of this first turn hardly differs between workers,
+      // and picking by it stacked agent sessions whose contexts later grew to 50-128K tokens on a few workers until
+      // their KV pools overflowed (docs/benchmarks.md, "Where a session opens"). Between equally bound workers, the
+      // one whose sessions are all older holds the sessions likelier to have ended, and a burst of openings goes
+      // round the fleet in turn. Requests in flight, the tie-break before, count only the turns under way at that
+      // moment (docs/benchmarks.md, "The queue's progress at a chunk's share, and openings in turn").
       // Except that a session does not open where its first turn would wait longer than a typical request takes in
       // all (the convex price's scale, above) and more than the fleet's mean requests are in flight, while another
       // candidate has neither: the balance is for later turns, and it sent openings of 49K-token documents to the
@@ -487,8 +486,10 @@ class KvCost final : public RoutingPolicy {
         best.reset();
       } else if (ctx.opens_session && best) {
         const WorkerView& b = ctx.workers[*best];
-        if (w.sessions != b.sessions || w.in_flight != b.in_flight) {
-          if (w.sessions > b.sessions || (w.sessions == b.sessions && w.in_flight > b.in_flight)) continue;
+        if (w.sessions != b.sessions || w.session_opened_ago_s != b.session_opened_ago_s) {
+          if (w.sessions > b.sessions ||
+              (w.sessions == b.sessions && w.session_opened_ago_s < b.session_opened_ago_s))
+            continue;
           best.reset();
         }
       }

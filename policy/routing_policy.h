@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -40,8 +41,10 @@ struct WorkerView {
   // tokens plus its output (max_tokens); the cached prefix blocks they share are resident and not counted. With
   // shared state, the other replicas' requests too (LoadShare).
   std::uint64_t inflight_kv_tokens = 0;
-  // Live session bindings on the worker (those not expired), filled in for a request that opens a session.
+  // Live session bindings on the worker (those not expired), filled in for a request that opens a session, and
+  // the seconds since a session was last bound to it anew (infinite: none yet, or not filled in).
   std::uint32_t sessions = 0;
+  double session_opened_ago_s = std::numeric_limits<double>::infinity();
   // The same pending requests in estimated seconds, each priced when it was sent with prefill_seconds() of its
   // uncached tokens after its cached ones (policy/rate_learner.h): their sum, the oldest one's, and the time
   // since the worker last returned a first token (or since the first of them was sent, if later).
@@ -105,7 +108,7 @@ struct LoadShare {
   double pending_prefill_s = 0;
   double oldest_prefill_s = 0;
   // How long the sender's prefill queue on the worker has gone without a first token (its
-  // WorkerView::prefill_elapsed_s), 0 when that queue is empty: kv_cost credits a long prefill's progress with it,
+  // WorkerView::prefill_elapsed_s), 0 when that queue is empty: kv_cost credits the queue's progress with it,
   // and a replica whose own queue there is empty knows it only from the others. The largest counts.
   double prefill_elapsed_s = 0;
   std::uint64_t inflight_kv_tokens = 0;  // WorkerView::inflight_kv_tokens

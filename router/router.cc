@@ -42,6 +42,7 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
           std::lock_guard lock(sessions_mu_);
           sessions_.erase_if([&](const Binding& b) { return b.worker == w.id(); });
           session_counts_.erase(w.id());
+          last_opened_.erase(w.id());
         }
         std::lock_guard lock(responses_mu_);
         response_owners_.erase_if([&](hashing::WorkerId owner) { return owner == w.id(); });
@@ -425,6 +426,7 @@ void Router::bind_session(const std::string& hashed_key, hashing::WorkerId worke
       if (was) --session_counts_[was->worker];
       ++session_counts_[worker];
     }
+    if (!was) last_opened_[worker] = now;
     // At --max-sessions, the least recently used binding makes room.
     evicted = sessions_.put(hashed_key, Binding{worker, now}, [&](Binding&& b) { uncount(b); });
     expire_sessions(now);
@@ -446,9 +448,14 @@ std::uint32_t Router::counted_sessions(hashing::WorkerId id) const {
 }
 
 void Router::count_sessions(std::vector<policy::WorkerView>& views) {
+  const auto now = std::chrono::steady_clock::now();
   std::lock_guard lock(sessions_mu_);
-  expire_sessions(std::chrono::steady_clock::now());
-  for (auto& v : views) v.sessions = counted_sessions(v.id);
+  expire_sessions(now);
+  for (auto& v : views) {
+    v.sessions = counted_sessions(v.id);
+    if (const auto it = last_opened_.find(v.id); it != last_opened_.end())
+      v.session_opened_ago_s = std::chrono::duration<double>(now - it->second).count();
+  }
 }
 
 std::optional<hashing::WorkerId> Router::session_worker(const std::string& key) const {

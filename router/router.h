@@ -291,6 +291,8 @@ class Router {
   mutable std::mutex sessions_mu_;
   util::RecencyMap<Binding> sessions_;  // guarded by sessions_mu_
   std::unordered_map<hashing::WorkerId, std::uint32_t> session_counts_;  // bindings per worker; sessions_mu_
+  // When a session was last bound anew to each worker (policy::WorkerView::session_opened_ago_s); sessions_mu_.
+  std::unordered_map<hashing::WorkerId, std::chrono::steady_clock::time_point> last_opened_;
 
   // Held in the order they were held, which is also deadline order; the cap is kept by expire_background(),
   // which releases what it drops (the map's own capacity would drop entries without releasing them).

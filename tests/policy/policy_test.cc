@@ -1,4 +1,5 @@
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -466,9 +467,9 @@ TEST(KvCost, ACopyIsPricedByTheTimeItTakesFromTheRequestsDecodingWhereItGoes) {
 }
 
 // A request opening a session binds its later turns: it goes to a worker with the fewest live sessions bound even
-// where another worker would serve this turn a little sooner; among those to the fewest requests in flight (a
-// session between two turns has none), and then to the cheapest. While a worker holding the longest prefix of the
-// prompt has no more sessions than the fleet's mean, the holders take it (the prefix is not computed again).
+// where another worker would serve this turn a little sooner; among those to the one whose last session opened
+// longest ago, and then to the cheapest. While a worker holding the longest prefix of the prompt has no more
+// sessions than the fleet's mean, the holders take it (the prefix is not computed again).
 TEST(KvCost, OpensASessionOnAWorkerWithTheFewestSessions) {
   auto p = make("kv_cost");
   Scene s(4);
@@ -494,6 +495,31 @@ TEST(KvCost, OpensASessionOnAWorkerWithTheFewestSessions) {
   s.ctx.opens_session = false;
   s.ctx.preferred = 2;
   EXPECT_EQ(p->pick(s.ctx)->worker, 2u);
+}
+
+// Between workers with as many sessions bound, an opening goes to the one whose last session opened longest ago,
+// however many requests it has in flight (a session between two turns has none, one that has ended neither); a
+// worker no session has opened on yet comes first. A burst of openings so goes round the fleet in turn.
+TEST(KvCost, AnOpeningGoesWhereTheLastSessionOpenedLongestAgo) {
+  auto p = make("kv_cost");
+  Scene s(3);
+  for (auto& w : s.workers) {
+    w.prefill_tokens_per_s = 1000;
+    w.sessions = 2;
+  }
+  s.workers[0].session_opened_ago_s = 5.0;
+  s.workers[1].session_opened_ago_s = 30.0;
+  s.workers[1].in_flight = 6;
+  s.workers[2].session_opened_ago_s = 1.0;
+  s.ctx.opens_session = true;
+  for (std::uint64_t seq = 0; seq < 3; ++seq) {  // wherever the scan starts
+    s.ctx.sequence = seq;
+    EXPECT_EQ(binds(p->pick(s.context())), 1u);
+  }
+  s.workers[0].session_opened_ago_s = std::numeric_limits<double>::infinity();  // none opened there yet
+  EXPECT_EQ(binds(p->pick(s.context())), 0u);
+  s.workers[0].sessions = 3;  // the fewest sessions still come first
+  EXPECT_EQ(binds(p->pick(s.context())), 1u);
 }
 
 // A session does not open by copying its prefix into a cache with no room for it beside the blocks there that are
@@ -671,10 +697,12 @@ TEST(KvCost, ReplicasRoutingAtOnceOnIdleWorkersPickDifferentOnes) {
   EXPECT_EQ(replica_sequence(7, 9, 4), 31u);  // a rank past the members last counted stays in its slot
 }
 
-// Behind a long prefill, the queue is credited the time the worker has spent on it since its last first token,
-// up to half the oldest pending prefill, and counts the pending requests' own estimates when they are larger
-// (their attention to cached context). Behind short prefills the plain estimate stands.
-TEST(KvCost, QueueBehindALongPrefillCountsItsProgress) {
+// The queue is credited the time the worker has spent on it since its last first token, up to the oldest pending
+// prefill's estimate, and counts the pending requests' own estimates when they are larger (their attention to
+// cached context). While requests decode there, each chunk's step also decodes the batch, so the time since counts
+// at a chunk's share of its step: 8,192 tokens at 1,000 tokens/s take 8.192 s, and a 2.048 s decode step makes
+// the share 0.8.
+TEST(KvCost, TheQueueIsCreditedTheWorkDoneOnIt) {
   auto p = make("kv_cost");
   Scene s(1);
   WorkerView& w = s.workers[0];
@@ -685,19 +713,34 @@ TEST(KvCost, QueueBehindALongPrefillCountsItsProgress) {
   const double fresh = p->estimate(s.context(), 0);
   w.prefill_elapsed_s = 1.0;
   EXPECT_NEAR(fresh - p->estimate(s.context(), 0), 1.0, 1e-9);
-  w.prefill_elapsed_s = 10.0;  // overdue: the credit stops at half the oldest's estimate
-  EXPECT_NEAR(fresh - p->estimate(s.context(), 0), 1.5, 1e-9);
+  w.prefill_elapsed_s = 10.0;  // overdue: the credit stops at the oldest's estimate
+  EXPECT_NEAR(fresh - p->estimate(s.context(), 0), 3.0, 1e-9);
   w.pending_prefill_s = 9.0;  // the pending requests attend to long cached contexts
-  EXPECT_NEAR(p->estimate(s.context(), 0) - fresh, 9.0 - 1.5 - 3.0, 1e-9);
+  EXPECT_NEAR(p->estimate(s.context(), 0) - fresh, 9.0 - 3.0 - 3.0, 1e-9);
+  // A short prefill at the head is credited alike: 0.5 s done of it.
   w.pending_prefill_s = 3.0;
-  w.oldest_prefill_s = 0.5;  // a short prefill at the head: no correction
-  EXPECT_NEAR(p->estimate(s.context(), 0), fresh, 1e-9);
+  w.oldest_prefill_s = 0.5;
+  w.prefill_elapsed_s = 0.5;
+  EXPECT_NEAR(fresh - p->estimate(s.context(), 0), 0.5, 1e-9);
+  // Decoding there: 1 s since the last first token is 0.8 s of prefill, and the chunk steps are counted on what
+  // is left of the queue (one 8,192-token step covers it all, so the steps do not change).
+  w.oldest_prefill_s = 3.0;
+  w.prefill_elapsed_s = 1.0;
+  w.running = 4;
+  w.decode_step_s = 2.048;
+  const double decoding = [&] {
+    w.prefill_elapsed_s = 0;
+    const double e = p->estimate(s.context(), 0);
+    w.prefill_elapsed_s = 1.0;
+    return e;
+  }();
+  EXPECT_NEAR(decoding - p->estimate(s.context(), 0), 0.8, 1e-9);
 }
 
 // What kv_cost reports (Pick::expected_ttft_s) is the TTFT it expects, not the one it compares: the worker's fixed
-// part included, the queue credited in full with the work done on it, and admission behind a full pool as the
-// engine's waiting line; the routing estimate is unchanged by any of it.
-TEST(KvCost, ExpectedTtftAddsTheFixedPartAndCreditsTheQueuesProgress) {
+// part included, and admission behind a full pool as the engine's waiting line; the routing estimate leaves the
+// fixed part out (every worker has it) and prices the pool's shortfall instead. Both credit the queue's progress.
+TEST(KvCost, ExpectedTtftAddsTheFixedPartAndTheEnginesWaitingLine) {
   auto p = make("kv_cost");
   Scene s(1);
   WorkerView& w = s.workers[0];
@@ -706,11 +749,11 @@ TEST(KvCost, ExpectedTtftAddsTheFixedPartAndCreditsTheQueuesProgress) {
   const double prefill = prefill_seconds(1000, 0, 1000);
   EXPECT_NEAR(p->estimate(s.context(), 0), prefill, 1e-9);
   EXPECT_NEAR(p->expected_ttft(s.context(), 0), 0.05 + prefill, 1e-9);
-  w.pending_prefill_tokens = 500;  // 0.5 s queued, 0.2 s of it done: routing counts 0.5 s, 0.3 s are left
+  w.pending_prefill_tokens = 500;  // 0.5 s queued, 0.2 s of it done: 0.3 s are left
   w.pending_prefill_s = 0.5;
   w.oldest_prefill_s = 0.5;
   w.prefill_elapsed_s = 0.2;
-  EXPECT_NEAR(p->estimate(s.context(), 0), 0.5 + prefill, 1e-9);
+  EXPECT_NEAR(p->estimate(s.context(), 0), 0.3 + prefill, 1e-9);
   EXPECT_NEAR(p->expected_ttft(s.context(), 0), 0.05 + 0.3 + prefill, 1e-9);
   const auto pick = p->pick(s.context());
   ASSERT_TRUE(pick);

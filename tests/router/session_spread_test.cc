@@ -1,10 +1,12 @@
 // kv_cost opens each new session on a worker with the fewest live sessions bound (Router::count_sessions): the
-// bindings are counted per worker as they are made, moved, evicted for --max-sessions and expired.
+// bindings are counted per worker as they are made, moved, evicted for --max-sessions and expired; between workers
+// bound alike, on the one whose last session opened longest ago.
 #include <chrono>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -74,6 +76,20 @@ TEST_F(SessionSpreadTest, NewSessionsSpreadEvenlyThoughOneWorkerHoldsTheirPrefix
   const hashing::WorkerId first = router_->session_worker("chat-0").value();
   EXPECT_EQ(turn("chat-0", 20), first);
   EXPECT_EQ(router_->sessions_bound(first), 2u);
+}
+
+// With as many sessions bound everywhere, a new session opens where the last session opened longest ago
+// (Router::bind_session keeps when each worker last had one bound anew): openings go round the fleet in turn,
+// whatever the workers' costs and later turns of the sessions already open.
+TEST_F(SessionSpreadTest, OpeningsGoRoundTheWorkersInTurn) {
+  start(3);
+  std::vector<hashing::WorkerId> first_round;
+  for (int s = 0; s < 3; ++s) first_round.push_back(turn("r1-" + std::to_string(s), s));
+  EXPECT_EQ(bound(), (std::map<hashing::WorkerId, std::uint32_t>{{0, 1}, {1, 1}, {2, 1}}));
+  EXPECT_EQ(turn("r1-2", 10), first_round[2]);  // a later turn is no opening
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(turn("r2-" + std::to_string(s), 20 + s), first_round[s]) << "opening " << s << " of the second round";
+  }
 }
 
 // Once later turns show what sessions keep of their own beyond the shared prefix, a session opens on a holder of
