@@ -41,8 +41,7 @@ Router::Router(const Config& config, backends::WorkerRegistry& registry,
         {
           std::lock_guard lock(sessions_mu_);
           sessions_.erase_if([&](const Binding& b) { return b.worker == w.id(); });
-          session_counts_.erase(w.id());
-          last_opened_.erase(w.id());
+          bound_.erase(w.id());
         }
         std::lock_guard lock(responses_mu_);
         response_owners_.erase_if([&](hashing::WorkerId owner) { return owner == w.id(); });
@@ -423,10 +422,10 @@ void Router::bind_session(const std::string& hashed_key, hashing::WorkerId worke
     std::lock_guard lock(sessions_mu_);
     const Binding* was = sessions_.find(hashed_key);
     if (!was || was->worker != worker) {
-      if (was) --session_counts_[was->worker];
-      ++session_counts_[worker];
+      if (was) --bound_[was->worker].count;
+      ++bound_[worker].count;
     }
-    if (!was) last_opened_[worker] = now;
+    if (!was) bound_[worker].last_opened = now;
     // At --max-sessions, the least recently used binding makes room.
     evicted = sessions_.put(hashed_key, Binding{worker, now}, [&](Binding&& b) { uncount(b); });
     expire_sessions(now);
@@ -443,8 +442,8 @@ void Router::expire_sessions(std::chrono::steady_clock::time_point now) {
 }
 
 std::uint32_t Router::counted_sessions(hashing::WorkerId id) const {
-  const auto it = session_counts_.find(id);
-  return it == session_counts_.end() ? 0 : it->second;
+  const auto it = bound_.find(id);
+  return it == bound_.end() ? 0 : it->second.count;
 }
 
 void Router::count_sessions(std::vector<policy::WorkerView>& views) {
@@ -452,9 +451,10 @@ void Router::count_sessions(std::vector<policy::WorkerView>& views) {
   std::lock_guard lock(sessions_mu_);
   expire_sessions(now);
   for (auto& v : views) {
-    v.sessions = counted_sessions(v.id);
-    if (const auto it = last_opened_.find(v.id); it != last_opened_.end())
-      v.session_opened_ago_s = std::chrono::duration<double>(now - it->second).count();
+    const auto it = bound_.find(v.id);
+    v.sessions = it == bound_.end() ? 0 : it->second.count;
+    if (it != bound_.end() && it->second.last_opened)
+      v.session_opened_ago_s = std::chrono::duration<double>(now - *it->second.last_opened).count();
   }
 }
 

@@ -249,8 +249,8 @@ class Router {
   void count_sessions(std::vector<policy::WorkerView>& views);
   // Drops the bindings idle past the TTL (all at the old end), and their counts; sessions_mu_ held.
   void expire_sessions(std::chrono::steady_clock::time_point now);
-  // session_counts_ of a binding that is gone, and of worker `id`; sessions_mu_ held.
-  void uncount(const Binding& b) { --session_counts_[b.worker]; }
+  // bound_ of a binding that is gone; sessions_mu_ held.
+  void uncount(const Binding& b) { --bound_[b.worker].count; }
   std::uint32_t counted_sessions(hashing::WorkerId id) const;
   void add_remote_load(std::vector<policy::WorkerView>& views) const;
   // Ends the request's load on its worker (backends::Worker::end), once: worker_done() or complete().
@@ -290,9 +290,13 @@ class Router {
   // Keyed by session_hash() in hex.
   mutable std::mutex sessions_mu_;
   util::RecencyMap<Binding> sessions_;  // guarded by sessions_mu_
-  std::unordered_map<hashing::WorkerId, std::uint32_t> session_counts_;  // bindings per worker; sessions_mu_
-  // When a session was last bound anew to each worker (policy::WorkerView::session_opened_ago_s); sessions_mu_.
-  std::unordered_map<hashing::WorkerId, std::chrono::steady_clock::time_point> last_opened_;
+  // Per worker, guarded by sessions_mu_: its bindings, and when a session was last bound to it anew
+  // (policy::WorkerView::sessions and session_opened_ago_s).
+  struct WorkerSessions {
+    std::uint32_t count = 0;
+    std::optional<std::chrono::steady_clock::time_point> last_opened;
+  };
+  std::unordered_map<hashing::WorkerId, WorkerSessions> bound_;
 
   // Held in the order they were held, which is also deadline order; the cap is kept by expire_background(),
   // which releases what it drops (the map's own capacity would drop entries without releasing them).
