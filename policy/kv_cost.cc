@@ -25,9 +25,10 @@
 //              again x recompute time of a block     (a warm cache evicts one block per block computed; in
 //              precise mode a predicted block the worker's event confirms counts as hit again, so the share
 //              is close to how full the worker's cache is: docs/benchmarks.md, "Counting only real reuse")
-//   dup      = 5 x prefill time of the tokens some other worker holds but this one would recompute
-//   r        = the share of the worker's capacity holding blocks that were hit again (as in evict); 1 when its
-//              capacity is unknown
+//   dup      = prefill time of the tokens some other worker holds but this one would recompute (the copy)
+//   r        = the share of the worker's capacity holding blocks that were hit again (as in evict)
+//   r/(1-r)  = the recomputes each block of the copy sets off in that cache, the eviction cascade (Terms::cascade;
+//              1 when its capacity is unknown)
 //   idle     = the fleet's spare prefill: the shortest prefill queue (pending / P) of any healthy worker
 //   others   = beta x n x out x d                     what the request adds to the inter-token latency of the
 //                                                      n requests in flight there: d = step_per_token x (T +
@@ -43,7 +44,7 @@
 //                                                      joins; step0 and step_per_token the candidates' means
 //   cost     = TTFT x (1 + TTFT / Em) x (1 + Tm / Em) + (Tm / Im) x (own + others')
 //              + (Tm / Em) x (out x own + others)
-//              + alpha x (evict + dup x (r x (1 + 2 TTFT / Em) + idle / step))
+//              + alpha x (evict + dup x (r / (1 - r) x (1 + 2 TTFT / Em) + idle / step))
 //              Tm, Im, Em: the means of the fleet's recent TTFT, inter-token and end-to-end latency; the cost is
 //              the request's effect on each of those means as a share of it (Terms::cost). A mean not known yet
 //              is the model's estimate of it: over the requests priced so far, the mean of the candidates'
@@ -61,13 +62,15 @@
 // other prefixes (conversation trace at 1x the knee: hit rate 12.7 % -> 13.2 %).
 // It grows with the load of the whole fleet as well (idle / step): a recomputation is paid for with GPU time, which
 // is free while some worker idles and taken from other requests once every worker has a queue.
-// The part that prices the copy itself (the cache space it takes and the hits it splits) is in proportion to
-// r, how much of the worker's cache holds blocks that are hit again: a copy displaces reused blocks only as
-// far as the cache holds them, and on a worker whose cache holds nothing reused the copy costs its prefill
-// (in TTFT) and, on a busy fleet, the GPU time. Unscaled, it kept a prefix every request shares on a few
-// workers at light load, their decode batches growing until the inter-token latency tripled while idle
-// workers could have held a copy at once (family seeds 7, 17, 65, 76; docs/benchmarks.md, "The duplicate's
-// price, in proportion to reuse").
+// The part that prices the copy itself, the cache space it takes, is the eviction cascade it sets off. A copy's
+// blocks are a prefix that requests share, so they stay in the cache the way a finished request's own tail does
+// not (engines evict that first); each of them displaces the least recently used block, which with probability r
+// is hit again and computed anew, displacing another in turn: r + r^2 + ... = r / (1 - r) recomputes of a block per
+// block copied, at most the cache's blocks. A cache holding nothing reused takes a copy for its prefill (in TTFT)
+// and, on a busy fleet, the GPU time; where a prefix every request shares is held by a few busy workers, idle
+// workers with cold caches take copies at once (family seeds 7, 17, 65, 76: docs/benchmarks.md, "The duplicate's
+// price, in proportion to reuse"). It replaced a fitted weight, 5 x r (docs/benchmarks.md, "The copy's price as
+// the eviction cascade it sets off").
 //
 // Rent or buy. A request that stays on its prefix's holder, where the cheapest other worker would serve it for less
 // if it held the prefix too, pays rent: the difference. The copy that would end the rent costs its premium, that
@@ -113,12 +116,6 @@ namespace {
 // Chunked-prefill token budget per engine step (vLLM's default max_num_batched_tokens for chunked prefill
 // on large GPUs is 8192 in V1; smaller budgets only make the decode term larger).
 constexpr double kChunkTokens = 8192.0;
-// Recomputing tokens another worker already holds costs more than their prefill time: the second copy takes
-// cache space (evicting something else) and splits that prefix's future hits between two workers. Tuned on
-// the benchmark: 5 keeps conversations with their context (3 left the conversation trace at 89 % of the
-// capacity bound); 10 stops hot short prefixes (system prompts) from being replicated when their holders are
-// busy, which stacks chat sessions on a few workers.
-constexpr double kDuplicateWeight = 5.0;
 // The duplicate term is multiplied by 1 + kDuplicateTailWeight x TTFT / Em (TTFT on the worker
 // priced), so leaving a prefix's holder costs more the longer the request takes: a second of the copy's prefill
 // is priced as a second of this request's wait at the margin, the derivative of the convex TTFT price
@@ -149,7 +146,9 @@ class KvCost final : public RoutingPolicy {
 
   struct Terms {
     double ttft = 0, evict = 0, dup = 0, others = 0;
-    double reuse = 1;  // r: the share of the worker's capacity holding blocks hit again (1: capacity unknown)
+    // r / (1 - r), r the share of the worker's capacity holding blocks hit again: the recomputes each copied block
+    // sets off there (see "The part that prices the copy itself" above); 1 when the capacity is unknown.
+    double cascade = 1;
     // The TTFT expected, as reported (Pick::expected_ttft_s), which routing does not compare: `ttft` prices
     // the queue and the admission wait for routing's sake (a margin against overload), and leaves out the
     // fixed part, which every worker has. Here, instead:
@@ -166,8 +165,9 @@ class KvCost final : public RoutingPolicy {
     double expected = 0;
     // Convex in TTFT (ttft x (1 + ttft / E), see cost()): a second of queueing costs more the longer the request
     // already takes, so long prompts, which set the p99, go where they start soonest, while for short requests
-    // the cache terms still decide. The duplicate term scales with the reuse share of the worker's cache and
-    // TTFT (kDuplicateTailWeight), and with the fleet's shortest prefill queue in decode steps, `idle_steps` (pick()).
+    // the cache terms still decide. The duplicate term scales with the eviction cascade in the worker's cache
+    // (`cascade`) and TTFT (kDuplicateTailWeight), and with the fleet's shortest prefill queue in decode steps,
+    // `idle_steps` (pick()).
     // The decode side, in seconds: `others` what the request adds to the end-to-end latency of the requests in
     // flight there, `others_itl` to their inter-token latencies (summed over them), `own_itl` the request's own
     // inter-token latency at the batch it joins. Weighed by the fleet's means (see cost()).
@@ -185,7 +185,7 @@ class KvCost final : public RoutingPolicy {
     // values) is the model's own estimate of it, from the candidates (pick()), so the same objective holds from
     // the first request.
     double cost(const PolicyOptions& o, double idle_steps, const RoutingContext::FleetMeans& m, double scale) const {
-      const double dup_scale = reuse * (1.0 + kDuplicateTailWeight * ttft / scale) + idle_steps;
+      const double dup_scale = cascade * (1.0 + kDuplicateTailWeight * ttft / scale) + idle_steps;
       const double cache = o.alpha * (evict + dup * dup_scale);
       const double price = ttft * (1.0 + ttft / scale);
       const double per_e2e = m.ttft_s / m.e2e_s, per_itl = m.ttft_s / m.itl_s;
@@ -250,12 +250,14 @@ class KvCost final : public RoutingPolicy {
     t.expected = std::max(w.base_ttft_s, 0.0) + queue + prefill + admit_expected;
 
     if (w.capacity_blocks > 0) {
-      t.reuse = std::min(1.0, static_cast<double>(w.reused_blocks) / static_cast<double>(w.capacity_blocks));
-      t.evict = std::ceil(m / tpb) * t.reuse * tpb / P;
+      const double capacity = static_cast<double>(w.capacity_blocks);
+      const double reused = std::min(static_cast<double>(w.reused_blocks), capacity);
+      t.evict = std::ceil(m / tpb) * (reused / capacity) * tpb / P;
+      t.cascade = reused < capacity ? std::min(reused / (capacity - reused), capacity) : capacity;
     }
     // The copy: prefill seconds of the tokens some other worker holds but this one would recompute.
     const double copy = most_matched > matched ? prefill_seconds(most_matched - matched, matched, P) : 0.0;
-    t.dup = kDuplicateWeight * copy;
+    t.dup = copy;
     // Seconds of others' latency, weighed against this request's TTFT by the fleet's means (cost()). The requests'
     // n is the router's own count, immediate (between two metric polls the reported `running` lags), or what the
     // worker reports if more (requests another router sent). beta: a request running there is on average half way

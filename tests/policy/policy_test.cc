@@ -246,20 +246,24 @@ TEST(KvCost, PrefersCachedPrefixUntilQueueingCostsMore) {
 TEST(KvCost, LeavesThePrefixHolderOnlyWhileTheFleetHasSpareCapacity) {
   auto p = make("kv_cost");
   Scene s(3);
-  for (auto& w : s.workers) w.prefill_tokens_per_s = 1000;
+  for (auto& w : s.workers) {
+    w.prefill_tokens_per_s = 1000;
+    w.capacity_blocks = 1000;  // caches four fifths full of blocks hit again: a copied block sets off 4 recomputes
+    w.reused_blocks = 800;
+  }
   s.match.blocks = {8, 0, 0};
   s.workers[0].pending_prefill_tokens = 5000;  // the holder has 5 s of prefill queued
   // Workers 1 and 2 idle: recomputing the 800 cached tokens on one of them costs less than the wait.
   EXPECT_EQ(p->pick(s.context())->worker, 1u);
-  // Every worker has a queue (the shortest is 0.1 s, five decode steps of 20 ms): a copy of the prefix would take
+  // Every worker has a queue (the shortest is 0.3 s, fifteen decode steps of 20 ms): a copy of the prefix would take
   // GPU time from other requests, so the request waits for its holder.
-  s.workers[1].pending_prefill_tokens = 100;
-  s.workers[2].pending_prefill_tokens = 200;
+  s.workers[1].pending_prefill_tokens = 300;
+  s.workers[2].pending_prefill_tokens = 400;
   auto pick = p->pick(s.context());
   EXPECT_EQ(pick->worker, 0u);
   EXPECT_EQ(pick->reason, Reason::kPrefixHit);
   // How busy the fleet is counts in decode steps, the unit in which a worker hands its compute between prefill and
-  // decode: the same 0.1 s is a tenth of a 1 s step, and the copy goes to the least-loaded worker.
+  // decode: the same 0.3 s is under a third of a 1 s step, and the copy goes to the least-loaded worker.
   for (auto& w : s.workers) w.decode_step_s = 1.0;
   EXPECT_EQ(p->pick(s.context())->worker, 1u);
 }
@@ -358,6 +362,8 @@ TEST(KvCost, APrefixsRequestsBuyACopyOnceTheRentTheyPaidReachesItsPrice) {
   auto p = make("kv_cost");
   Scene s = holder_and_other();
   s.workers[0].in_flight = 16;
+  s.workers[1].capacity_blocks = 1000;  // four fifths of the other's cache hold blocks hit again: a copied block
+  s.workers[1].reused_blocks = 800;     // sets off 4 recomputes there
   s.ctx.fleet_means = {.ttft_s = 1.0, .itl_s = 0.03, .e2e_s = 10.0};
   // Each request stays on the holder, the cheapest worker, and pays rent until the copy is bought.
   auto stays = [&](const std::optional<Pick>& pick) { return pick && pick->worker == 0 && !pick->warm; };
@@ -408,10 +414,11 @@ TEST(KvCost, ABurstStillInPrefillCountsInTheBatchItsNextRequestJoins) {
   EXPECT_EQ(p->pick(s.context())->worker, 1u);
 }
 
-// The duplicate term prices what a copy of a prefix does to the cache it goes into (the space it takes, the hits
-// it splits) in proportion to how much of that cache holds blocks that are hit again: a copy onto a worker whose
-// cache holds nothing reused costs its prefill, and nothing more while some worker's prefill queue is empty.
-TEST(KvCost, ACopyOfAPrefixCostsInProportionToTheReuseInTheCacheItGoesInto) {
+// The duplicate term prices what a copy of a prefix does to the cache it goes into as the eviction cascade it sets
+// off: each copied block displaces one, which with probability r (the share of the cache holding blocks hit again)
+// is computed anew and displaces another, r / (1 - r) recomputes in all. A copy onto a worker whose cache holds
+// nothing reused costs its prefill, and nothing more while some worker's prefill queue is empty.
+TEST(KvCost, ACopyOfAPrefixCostsTheEvictionCascadeItSetsOffInTheCacheItGoesInto) {
   Scene s = holder_and_other();
   for (auto& w : s.workers) w.capacity_blocks = 1000;
   s.workers[0].in_flight = 10;
@@ -419,8 +426,14 @@ TEST(KvCost, ACopyOfAPrefixCostsInProportionToTheReuseInTheCacheItGoesInto) {
   // Worker 1's cache is full of blocks hit again: a copy would displace them and the request stays.
   s.workers[1].reused_blocks = 1000;
   EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 0u);
-  // Its cache holds nothing hit again: the copy costs its 1 s prefill, less than what the request adds to the
-  // decodes of the 10 in flight on the holder.
+  // Four fifths of it: each copied block sets off 4 recomputes, more than what the request adds to the decodes of
+  // the 10 in flight on the holder.
+  s.workers[1].reused_blocks = 800;
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 0u);
+  // A fifth of it: a quarter of a recompute per copied block, and the copy goes; and nothing hit again: the copy
+  // costs its prefill alone.
+  s.workers[1].reused_blocks = 200;
+  EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 1u);
   s.workers[1].reused_blocks = 0;
   EXPECT_EQ(fresh_kv_cost_pick(s.context())->worker, 1u);
   // The same worker while every worker has a prefill queue: the copy takes GPU time from other requests.
@@ -789,7 +802,11 @@ TEST(KvCost, ExpectedTtftAddsTheFixedPartAndTheEnginesWaitingLine) {
 TEST(KvCost, AWaitCostsMoreTheShorterTheFleetsRequests) {
   auto p = make("kv_cost");
   Scene s(2);
-  for (auto& w : s.workers) w.prefill_tokens_per_s = 10000;
+  for (auto& w : s.workers) {
+    w.prefill_tokens_per_s = 10000;
+    w.capacity_blocks = 10000;  // caches four fifths full of blocks hit again: a copied block sets off 4 recomputes
+    w.reused_blocks = 8000;
+  }
   s.chain.hashes.assign(300, 0);
   s.match.blocks = {100, 0};                    // worker 0 holds a third of the prompt
   s.workers[0].pending_prefill_tokens = 37500;  // and is busy: a TTFT of 6.9 s there, 3.2 s on worker 1
