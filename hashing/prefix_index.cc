@@ -279,7 +279,8 @@ void PrefixIndex::store(WorkerId worker, std::span<const BlockHash> blocks, Tier
 void PrefixIndex::expect(WorkerId worker, std::span<const BlockHash> chain) {
   std::unique_lock lock(mu_);
   for (BlockHash h : chain) {
-    if (find_entry(worker, h) == kNil) touch(worker, h, Tier::kPredicted);
+    const std::uint32_t e = find_entry(worker, h);
+    touch(worker, h, e == kNil ? Tier::kPredicted : entries_[e].tier);
   }
 }
 

@@ -81,8 +81,9 @@ class PrefixIndex {
   using StoreListener = std::function<void(WorkerId, std::span<const BlockHash>)>;
   void set_store_listener(StoreListener listener) { store_listener_ = std::move(listener); }
   // Precise mode, at routing time: blocks of `chain` the worker is not known to hold are added on the
-  // kPredicted tier; entries it already has keep their tier. The worker's events then confirm them (store()
-  // moves them to their real tier) or the router drops them with drop_unconfirmed() when the request ends.
+  // kPredicted tier; entries it already has keep their tier and count as touched again (the request reads
+  // them). The worker's events then confirm the new ones (store() moves them to their real tier) or the router
+  // drops them with drop_unconfirmed() when the request ends.
   void expect(WorkerId worker, std::span<const BlockHash> chain);
   // Removes the blocks of `chain` that are still only predicted for this worker. Returns how many.
   std::size_t drop_unconfirmed(WorkerId worker, std::span<const BlockHash> chain);
@@ -97,8 +98,8 @@ class PrefixIndex {
 
   std::size_t worker_blocks(WorkerId worker) const;
   // Blocks of this worker that have been touched again since they were first stored (used to price
-  // evictions): recorded again, or stored again (in precise mode, a block expect() predicted and the worker's
-  // event then confirmed counts).
+  // evictions): recorded or expected again, or stored again (in precise mode, a block expect() predicted and the
+  // worker's event then confirmed counts).
   std::size_t worker_reused_blocks(WorkerId worker) const;
   // worker_reused_blocks() and capacity() of every worker id below reused.size(), under one lock (the
   // routing hot path); `capacity` is resized to match.

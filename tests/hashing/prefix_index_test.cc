@@ -170,6 +170,26 @@ TEST(PrefixIndex, ExpectedBlocksAreConfirmedByEventsOrDropped) {
   for (const auto& [h, tier] : idx.worker_entries(0)) EXPECT_EQ(tier, Tier::kGpu);
 }
 
+// A routed request reads the blocks its worker already holds: expect() counts them hit again, as the worker's
+// events count a block stored again, and keeps their tier. Every router replica applies every routed request
+// with expect() (its own and, through the shared state, the others'), so each counts a worker's reuse alike
+// whether the worker's events or another replica's record came first; kv_cost prices a copy into that worker's
+// cache by that count.
+TEST(PrefixIndex, ExpectCountsTheBlocksARequestReadsAsHitAgain) {
+  const auto a = chain(1, 6);
+  PrefixIndex events_first, record_first;
+  events_first.store(0, std::span(a).first(3), Tier::kGpu);  // the first request's blocks, as the events report
+  events_first.store(0, std::span(a).subspan(3, 1), Tier::kCpu);
+  events_first.expect(0, a);  // a second request on the same prefix, routed here
+  EXPECT_EQ(events_first.worker_reused_blocks(0), 4u);
+  EXPECT_EQ(events_first.tier(0, a[3]), Tier::kCpu);  // still on the CPU tier
+  EXPECT_EQ(events_first.tier(0, a[4]), Tier::kPredicted);
+  record_first.expect(0, std::span(a).first(4));  // another replica's record of the first request came first
+  record_first.store(0, std::span(a).first(4), Tier::kGpu);
+  record_first.expect(0, a);
+  EXPECT_EQ(record_first.worker_reused_blocks(0), 4u);
+}
+
 // kvroute-bench's simulation of precise mode: the blocks a routed request computes stay predicted until the
 // worker's events store them, even when another request routed meanwhile matched them.
 TEST(PrefixIndex, RecordRoutedMarksTheComputedBlocksPredicted) {
