@@ -420,6 +420,8 @@ void Router::bind_session(const std::string& hashed_key, hashing::WorkerId worke
   std::size_t evicted = 0;
   {
     std::lock_guard lock(sessions_mu_);
+    // Expired bindings go first: one idle past the TTL that is bound again is an opening, as a new one is.
+    expire_sessions(now);
     const Binding* was = sessions_.find(hashed_key);
     if (!was || was->worker != worker) {
       if (was) --bound_[was->worker].count;
@@ -428,7 +430,6 @@ void Router::bind_session(const std::string& hashed_key, hashing::WorkerId worke
     if (!was) bound_[worker].last_opened = now;
     // At --max-sessions, the least recently used binding makes room.
     evicted = sessions_.put(hashed_key, Binding{worker, now}, [&](Binding&& b) { uncount(b); });
-    expire_sessions(now);
   }
   if (evicted > 0) metrics_.sessions_evicted(evicted);
 }

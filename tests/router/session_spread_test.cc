@@ -3,6 +3,7 @@
 // bound alike, on the one whose last session opened longest ago.
 #include <chrono>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -117,6 +118,23 @@ TEST_F(SharedPrefixSessionTest, ASessionOpensOnTheHolderWhileSessionsAddLittleTo
 
 TEST_F(SharedPrefixSessionTest, SessionsThatKeepMoreThanThePrefixStillSpread) {
   EXPECT_FALSE(third_opens_on_a_holder(2000));  // 1/3 x ~2000 tokens > 256: the worker with no session
+}
+
+// A binding another replica re-makes after it expired here (Router::adopt_session), before anything dropped it,
+// is an opening on its worker, as a new binding is: the next session opens where the last opening was longest ago,
+// not on that worker.
+TEST_F(SessionSpreadTest, ABindingAdoptedAfterItExpiredCountsAsAnOpening) {
+  config_.session_ttl_s = 1.0;
+  start(3);
+  const hashing::WorkerId wa = turn("a", 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  const hashing::WorkerId wb = turn("b", 1);
+  const hashing::WorkerId wc = turn("c", 2);
+  ASSERT_EQ((std::set<hashing::WorkerId>{wa, wb, wc}).size(), 3u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // "a" idle past the TTL, "b" and "c" not
+  router_->adopt_session(Router::session_hash("a"), wa);
+  EXPECT_EQ(bound(), (std::map<hashing::WorkerId, std::uint32_t>{{0, 1}, {1, 1}, {2, 1}}));
+  EXPECT_EQ(turn("d", 3), wb);  // wb's opening is now the oldest; wa's was the adoption
 }
 
 TEST_F(SessionSpreadTest, EvictedAndExpiredBindingsNoLongerCount) {
