@@ -215,9 +215,12 @@ class KvCost final : public RoutingPolicy {
     Terms t;
 
     const double prefill = prefill_seconds(m, T - m, P) + c / X;
-    // Pending prefill at the reference rate, or, when there is so much of it that a long prompt must be among
-    // it, at that prompt's attention-weighted cost (a queued 190K prompt takes 24 s, not 190K / P = 7 s).
-    const double plain = std::max(pending / P, prefill_seconds(pending, 0.0, P));
+    // Pending prefill at the reference rate, or the pending requests' own estimates when more (pending_prefill_s:
+    // each priced with its attention when it was sent, so a queued 190K prompt takes 24 s, not 190K / P = 7 s).
+    // Not the queue's tokens priced as one prompt: five queued 20K-token prompts are not one 100K-token prompt,
+    // whose attention costs twice as much (family seed 233, a burst: estimates of 5.7 s for first tokens that came
+    // in 2.3 s; docs/benchmarks.md, "The queue's requests priced one by one").
+    const double plain = pending / P;
     double queued = plain;
     if (plain > 0) {
       const double chunk = kChunkTokens / P;

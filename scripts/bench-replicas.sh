@@ -15,6 +15,11 @@
 # each of these seeds (into OUT_DIR/seeds), and a second table, OUT_DIR/replicas-seeds.md, gives the median and
 # range of the ratios over them (a p99 over 6,000 requests moves by several per cent from seed to seed; about 15
 # seconds of one core per seed).
+# TRACE_LOADS (default empty), e.g. "0.98 0.99 1 1.01 1.02 1.03 1.04": each trace also runs at 1 replica and at 8
+# sharing at each of these multiples of its knee rate scale (into OUT_DIR/loads), and OUT_DIR/replicas-loads.md gives
+# the ratio of the two medians over them and each one's range. A trace's hit rate moves by several per cent between
+# nearby loads, so one pair of runs says little about the ratio (docs/benchmarks.md, "Eight replicas against one
+# over nearby loads").
 set -euo pipefail
 
 TRACE_DIR="${1:-}"
@@ -100,6 +105,55 @@ for name in [n for n in order if any(k[0] == n for k in cells)]:
                     name, mode, rep, sharing if rep > 1 else "-", 100 * c["hit_rate"], c["ttft_mean_s"],
                     c["ttft_p99_s"], " | ".join(cols)))
 EOF
+
+run_load() {  # name source scale mode replicas sharing load (the multiple of the knee, for the file's name)
+  local out="$OUT_DIR/loads/$1.$4.r$5.x$7.json"
+  [[ -s "$out" ]] && return 0
+  # shellcheck disable=SC2086
+  nice -n 10 "$BENCH" simulate $2 --policies kv_cost --mode "$4" --replicas "$5" --sharing "$6" \
+    --rate-scale "$3" --workers 8 --threads 1 --no-progress --json "$out.tmp" >/dev/null 2>"$out.log"
+  mv "$out.tmp" "$out"
+  echo "  $1 $4 x$5 $6 at $3" >&2
+}
+
+if [[ -n "${TRACE_LOADS:-}" ]]; then
+  mkdir -p "$OUT_DIR/loads"
+  pids=()
+  for cell in "${cells[@]}"; do
+    IFS='|' read -r name source scale <<<"$cell"
+    [[ "$name" == *_trace ]] || continue
+    for load in $TRACE_LOADS; do
+      at=$(python3 -c "print(round($scale * $load, 4))")
+      for mode in approximate precise; do
+        for spec in "1 none" "8 redis"; do
+          set -- $spec
+          run_load "$name" "$source" "$at" "$mode" "$1" "$2" "$load" &
+          pids+=($!)
+          if ((${#pids[@]} >= JOBS)); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+        done
+      done
+    done
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  python3 - "$OUT_DIR/loads" <<'EOF' | tee "$OUT_DIR/replicas-loads.md"
+import json, os, statistics, sys
+d = sys.argv[1]
+hit = {}
+for f in sorted(os.listdir(d)):
+    if f.endswith(".json"):
+        name, mode, rep = f.split(".")[:3]
+        hit.setdefault((name, mode, rep), []).append(json.load(open(os.path.join(d, f)))["policies"][0]["hit_rate"])
+print("| trace | mode | loads | hit rate, 1 replica: median (range) | 8 sharing | median of 8 / median of 1 |")
+print("|---|---|---|---|---|---|")
+for name, mode in sorted({(k[0], k[1]) for k in hit}):
+    one, eight = hit.get((name, mode, "r1"), []), hit.get((name, mode, "r8"), [])
+    if not one or not eight:
+        continue
+    cols = ["%.2f %% (%.2f-%.2f)" % (100 * statistics.median(v), 100 * min(v), 100 * max(v)) for v in (one, eight)]
+    print("| %s | %s | %d | %s | **%.3f** |" % (name, mode, len(one), " | ".join(cols),
+                                              statistics.median(eight) / statistics.median(one)))
+EOF
+fi
 
 [[ -z "${SEEDS:-}" ]] && exit 0
 mkdir -p "$OUT_DIR/seeds"

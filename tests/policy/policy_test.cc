@@ -750,6 +750,22 @@ TEST(KvCost, TheQueueIsCreditedTheWorkDoneOnIt) {
   EXPECT_NEAR(decoding - p->estimate(s.context(), 0), 0.8, 1e-9);
 }
 
+// Four 30K-token prompts queued on a worker take as long as their own prefills, each attending to its own tokens; the
+// queue is not priced as one 120K-token prompt, whose attention costs more than twice as much.
+TEST(KvCost, AQueueOfSeveralPromptsCostsTheirOwnPrefillsNotOnePromptAsLong) {
+  auto p = make("kv_cost");
+  Scene s(1);
+  WorkerView& w = s.workers[0];
+  w.prefill_tokens_per_s = 20000;
+  const double idle = p->estimate(s.context(), 0);
+  w.pending_prefill_tokens = 120000;
+  w.pending_prefill_s = 4 * prefill_seconds(30000, 0, 20000);
+  w.oldest_prefill_s = prefill_seconds(30000, 0, 20000);
+  const double queued = p->estimate(s.context(), 0) - idle;
+  EXPECT_NEAR(queued, w.pending_prefill_s, 1e-9);
+  EXPECT_GT(prefill_seconds(120000, 0, 20000), 2 * queued);
+}
+
 // What kv_cost reports (Pick::expected_ttft_s) is the TTFT it expects, not the one it compares: the worker's fixed
 // part included, and admission behind a full pool as the engine's waiting line; the routing estimate leaves the
 // fixed part out (every worker has it) and prices the pool's shortfall instead. Both credit the queue's progress.
