@@ -19,7 +19,7 @@
 # sharing at each of these multiples of its knee rate scale (into OUT_DIR/loads), and OUT_DIR/replicas-loads.md gives
 # the ratio of the two medians over them and each one's range. A trace's hit rate moves by several per cent between
 # nearby loads, so one pair of runs says little about the ratio (docs/benchmarks.md, "Eight replicas against one
-# over nearby loads").
+# over nearby loads and seeds").
 set -euo pipefail
 
 TRACE_DIR="${1:-}"

@@ -3,8 +3,8 @@
 // bound alike, on the one whose last session opened longest ago.
 #include <chrono>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
