@@ -48,31 +48,44 @@ fi
 cells+=("shared_prefix|--workload shared_prefix|0.814" "multi_turn|--workload multi_turn|1.28"
         "tenants|--workload tenants|0.947" "zipf_tools|--workload zipf_tools|0.989")
 
-run_cell() {  # name source scale mode replicas sharing [seed: into OUT_DIR/seeds; default 1, into OUT_DIR]
-  local seed="${7:-1}" out="$OUT_DIR/$1.$4.r$5.$6.json"
-  [[ -n "${7:-}" ]] && out="$OUT_DIR/seeds/$1.$4.r$5.$6.s$7.json"
+run_into() {  # out seed source scale mode replicas sharing label: one simulation into `out`, unless it is there
+  local out=$1
   [[ -s "$out" ]] && return 0
   # shellcheck disable=SC2086
-  nice -n 10 "$BENCH" simulate $2 --policies kv_cost --mode "$4" --replicas "$5" --sharing "$6" \
-    --rate-scale "$3" --workers 8 --seed "$seed" --threads 1 --no-progress --json "$out.tmp" >/dev/null 2>"$out.log"
+  nice -n 10 "$BENCH" simulate $3 --policies kv_cost --mode "$5" --replicas "$6" --sharing "$7" \
+    --rate-scale "$4" --workers 8 --seed "$2" --threads 1 --no-progress --json "$out.tmp" >/dev/null 2>"$out.log"
   mv "$out.tmp" "$out"
-  echo "  $1 $4 x$5 $6${7:+ seed $7}" >&2
+  echo "  $8" >&2
+}
+
+run_cell() {  # name source scale mode replicas sharing [seed: into OUT_DIR/seeds; default 1, into OUT_DIR]
+  local out="$OUT_DIR/$1.$4.r$5.$6.json"
+  [[ -n "${7:-}" ]] && out="$OUT_DIR/seeds/$1.$4.r$5.$6.s$7.json"
+  run_into "$out" "${7:-1}" "$2" "$3" "$4" "$5" "$6" "$1 $4 x$5 $6${7:+ seed $7}"
 }
 
 pids=()
+spawn() {  # runs "$@" in the background, at most JOBS at once
+  "$@" &
+  pids+=($!)
+  if ((${#pids[@]} >= JOBS)); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+}
+drain() {  # waits for every spawned run
+  for p in "${pids[@]}"; do wait "$p"; done
+  pids=()
+}
+
 for cell in "${cells[@]}"; do
   IFS='|' read -r name source scale <<<"$cell"
   echo "== $name (rate scale $scale)" >&2
   for mode in approximate precise; do
     for spec in "1 none" "2 none" "2 redis" "4 none" "4 redis" "8 none" "8 redis"; do
       set -- $spec
-      run_cell "$name" "$source" "$scale" "$mode" "$1" "$2" &
-      pids+=($!)
-      if ((${#pids[@]} >= JOBS)); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+      spawn run_cell "$name" "$source" "$scale" "$mode" "$1" "$2"
     done
   done
 done
-for p in "${pids[@]}"; do wait "$p"; done
+drain
 
 python3 - "$OUT_DIR" <<'EOF' | tee "$OUT_DIR/replicas.md"
 import json, os, sys
@@ -106,19 +119,8 @@ for name in [n for n in order if any(k[0] == n for k in cells)]:
                     c["ttft_p99_s"], " | ".join(cols)))
 EOF
 
-run_load() {  # name source scale mode replicas sharing load (the multiple of the knee, for the file's name)
-  local out="$OUT_DIR/loads/$1.$4.r$5.x$7.json"
-  [[ -s "$out" ]] && return 0
-  # shellcheck disable=SC2086
-  nice -n 10 "$BENCH" simulate $2 --policies kv_cost --mode "$4" --replicas "$5" --sharing "$6" \
-    --rate-scale "$3" --workers 8 --threads 1 --no-progress --json "$out.tmp" >/dev/null 2>"$out.log"
-  mv "$out.tmp" "$out"
-  echo "  $1 $4 x$5 $6 at $3" >&2
-}
-
 if [[ -n "${TRACE_LOADS:-}" ]]; then
   mkdir -p "$OUT_DIR/loads"
-  pids=()
   for cell in "${cells[@]}"; do
     IFS='|' read -r name source scale <<<"$cell"
     [[ "$name" == *_trace ]] || continue
@@ -127,14 +129,13 @@ if [[ -n "${TRACE_LOADS:-}" ]]; then
       for mode in approximate precise; do
         for spec in "1 none" "8 redis"; do
           set -- $spec
-          run_load "$name" "$source" "$at" "$mode" "$1" "$2" "$load" &
-          pids+=($!)
-          if ((${#pids[@]} >= JOBS)); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+          spawn run_into "$OUT_DIR/loads/$name.$mode.r$1.x$load.json" 1 "$source" "$at" "$mode" "$1" "$2" \
+            "$name $mode x$1 $2 at $at"
         done
       done
     done
   done
-  for p in "${pids[@]}"; do wait "$p"; done
+  drain
   python3 - "$OUT_DIR/loads" <<'EOF' | tee "$OUT_DIR/replicas-loads.md"
 import json, os, statistics, sys
 d = sys.argv[1]
