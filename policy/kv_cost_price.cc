@@ -151,78 +151,78 @@ KvCostTerms kv_cost_terms(const RoutingContext& ctx, std::size_t i, double beta,
     const double share = decoding ? chunk / (chunk + step) : 1.0;
     const double credit = std::min(share * w.prefill_elapsed_s, w.oldest_prefill_s);
     queued = std::max(0.0, std::max(plain, w.pending_prefill_s) - credit);
-}
-const double pending_left = plain > 0 ? pending * std::min(1.0, queued / plain) : 0.0;
-const double steps = std::ceil((pending_left + m) / kChunkTokens);
-const double queue = queued + (decoding ? steps * step : 0.0);
-double admit = 0.0;
-const double cap = static_cast<double>(std::max<std::uint32_t>(w.max_running, 1));
-const double excess = static_cast<double>(w.in_flight) + 1.0 - cap;
-if (excess > 0) admit = excess * out * step / cap;
-double admit_expected = admit;
-// The pool's room: the request holds its new tokens and its output by its end, after the prefill queued ahead.
-// What the pool lacks for that is freed as the requests in flight end, each freeing the tokens it allocated
-// (inflight_kv_tokens; the prefixes they share stay cached), their ends spread over one turnover, out x step.
-const double shortfall = kv_room_shortfall(w, tpb, m + out);
-if (shortfall > 0) {
-  const double used = w.kv_usage * static_cast<double>(w.capacity_blocks) * tpb;
-  const double freed = std::max(std::min(used, static_cast<double>(w.inflight_kv_tokens)), 1.0);
-  admit = std::max(admit, std::min(1.0, shortfall / freed) * out * step);
-  if (w.waiting > 0) {
-    const double line = static_cast<double>(w.waiting) + 1.0;
-    admit_expected = std::max(admit_expected, line * out * step / std::max<double>(w.running, 1.0));
   }
-}
-t.ttft = queue + prefill + admit;
-t.expected = std::max(w.base_ttft_s, 0.0) + queue + prefill + admit_expected;
+  const double pending_left = plain > 0 ? pending * std::min(1.0, queued / plain) : 0.0;
+  const double steps = std::ceil((pending_left + m) / kChunkTokens);
+  const double queue = queued + (decoding ? steps * step : 0.0);
+  double admit = 0.0;
+  const double cap = static_cast<double>(std::max<std::uint32_t>(w.max_running, 1));
+  const double excess = static_cast<double>(w.in_flight) + 1.0 - cap;
+  if (excess > 0) admit = excess * out * step / cap;
+  double admit_expected = admit;
+  // The pool's room: the request holds its new tokens and its output by its end, after the prefill queued ahead.
+  // What the pool lacks for that is freed as the requests in flight end, each freeing the tokens it allocated
+  // (inflight_kv_tokens; the prefixes they share stay cached), their ends spread over one turnover, out x step.
+  const double shortfall = kv_room_shortfall(w, tpb, m + out);
+  if (shortfall > 0) {
+    const double used = w.kv_usage * static_cast<double>(w.capacity_blocks) * tpb;
+    const double freed = std::max(std::min(used, static_cast<double>(w.inflight_kv_tokens)), 1.0);
+    admit = std::max(admit, std::min(1.0, shortfall / freed) * out * step);
+    if (w.waiting > 0) {
+      const double line = static_cast<double>(w.waiting) + 1.0;
+      admit_expected = std::max(admit_expected, line * out * step / std::max<double>(w.running, 1.0));
+    }
+  }
+  t.ttft = queue + prefill + admit;
+  t.expected = std::max(w.base_ttft_s, 0.0) + queue + prefill + admit_expected;
 
-if (w.capacity_blocks > 0) {
-  const double capacity = static_cast<double>(w.capacity_blocks);
-  const double reused = std::min(static_cast<double>(w.reused_blocks), capacity);
-  t.evict = std::ceil(m / tpb) * (reused / capacity) * tpb / P;
-  t.cascade = reused < capacity ? std::min(reused / (capacity - reused), capacity) : capacity;
-}
-// The copy: prefill seconds of the tokens some other worker holds but this one would recompute.
-const double copy = most_matched > matched ? prefill_seconds(most_matched - matched, matched, P) : 0.0;
-t.dup = copy;
-// Seconds of others' latency, weighed against this request's TTFT by the fleet's means (cost()). The requests'
-// n is the router's own count, immediate (between two metric polls the reported `running` lags), or what the
-// worker reports if more (requests another router sent). beta: a request running there is on average half way
-// through its decode, so it shares min(its remaining steps, out) ~ out / 2 of this request's steps
-// (PolicyOptions::beta). The request's own decode is priced at the batch it joins now (own_itl); priced in
-// seconds of TTFT at weights 0.1-1, without the means, it lost seeds of the workload family
-// (docs/benchmarks.md, "What a request costs the others"; "Each mean by its own scale").
-// The time a context token adds to a step is the candidates' mean: it is the model's KV bytes over the
-// GPUs' bandwidth, alike across one model's workers, while each router replica's per-worker value differs
-// with the completions it happened to learn from, and with 8 replicas those differences moved requests off
-// their prefix holders (shared_prefix: hit rate 0.953x one router's, with the mean 0.996x).
-const double n = static_cast<double>(std::max<std::uint32_t>(w.in_flight, w.running));
-const double per_token = step_per_token > 0 ? step_per_token : w.decode_step_per_token_s;
-// The copy's compute is taken from the requests decoding there: chunked prefill runs each chunk in the step
-// that decodes them, and a chunk's step is compute-bound (architecture section 8), so each request still
-// decoding when the copy is prefilled waits as long as the copy takes. Still decoding: of the n, the share whose
-// remaining decode outlasts the queue ahead of the copy, remaining decodes spread evenly over [0, out x step]
-// (this request's output as the typical one). Only the copy is priced so: the prompt's own new tokens are
-// prefilled wherever it goes, and pricing their stall too made kv_cost balance requests in flight at the price
-// of p99 TTFT where no prefix is shared (docs/benchmarks.md, "What a copy takes from the requests decoding").
-const double decoding_share = std::max(0.0, 1.0 - queue / std::max(out * step, 1e-9));
-t.others = beta * n * out * per_token * (T + out / 2) + n * decoding_share * copy;
-// The same per step: each of the n has its step lengthened by per_token x (T + out / 2) for beta of its
-// steps, and the copy's stall spread over its out steps.
-t.others_itl = beta * n * per_token * (T + out / 2) + n * decoding_share * copy / std::max(out, 1.0);
-// This request's own step: an empty batch's step plus the context of the batch it joins. Both per-step times
-// are the candidates' means, as above: a worker's own learned values differ with the completions it happened
-// to see, and one never tried keeps its prior (a 20 ms step where the others learned 5 ms) and would look too
-// slow to be tried (RouterE2E.NoWorkerStarvesUnderMixedLoad). The router counts the context of requests
-// decoding there (active_decode_tokens) only from their first token, so a burst sent there since looks free;
-// the n in flight are counted at least as this request's context each (the typical one, as above), so that a
-// burst does not herd onto the worker whose last arrivals are still in prefill.
-const double active = static_cast<double>(w.active_decode_tokens);
-const double empty = empty_step >= 0 ? empty_step : empty_batch_step(w, per_token);
-const double context = T + out / 2;
-t.own_itl = empty + per_token * std::max(active + context, (n + 1) * context);
-t.out = out;
-return t;
+  if (w.capacity_blocks > 0) {
+    const double capacity = static_cast<double>(w.capacity_blocks);
+    const double reused = std::min(static_cast<double>(w.reused_blocks), capacity);
+    t.evict = std::ceil(m / tpb) * (reused / capacity) * tpb / P;
+    t.cascade = reused < capacity ? std::min(reused / (capacity - reused), capacity) : capacity;
+  }
+  // The copy: prefill seconds of the tokens some other worker holds but this one would recompute.
+  const double copy = most_matched > matched ? prefill_seconds(most_matched - matched, matched, P) : 0.0;
+  t.dup = copy;
+  // Seconds of others' latency, weighed against this request's TTFT by the fleet's means (cost()). The requests'
+  // n is the router's own count, immediate (between two metric polls the reported `running` lags), or what the
+  // worker reports if more (requests another router sent). beta: a request running there is on average half way
+  // through its decode, so it shares min(its remaining steps, out) ~ out / 2 of this request's steps
+  // (PolicyOptions::beta). The request's own decode is priced at the batch it joins now (own_itl); priced in
+  // seconds of TTFT at weights 0.1-1, without the means, it lost seeds of the workload family
+  // (docs/benchmarks.md, "What a request costs the others"; "Each mean by its own scale").
+  // The time a context token adds to a step is the candidates' mean: it is the model's KV bytes over the
+  // GPUs' bandwidth, alike across one model's workers, while each router replica's per-worker value differs
+  // with the completions it happened to learn from, and with 8 replicas those differences moved requests off
+  // their prefix holders (shared_prefix: hit rate 0.953x one router's, with the mean 0.996x).
+  const double n = static_cast<double>(std::max<std::uint32_t>(w.in_flight, w.running));
+  const double per_token = step_per_token > 0 ? step_per_token : w.decode_step_per_token_s;
+  // The copy's compute is taken from the requests decoding there: chunked prefill runs each chunk in the step
+  // that decodes them, and a chunk's step is compute-bound (architecture section 8), so each request still
+  // decoding when the copy is prefilled waits as long as the copy takes. Still decoding: of the n, the share whose
+  // remaining decode outlasts the queue ahead of the copy, remaining decodes spread evenly over [0, out x step]
+  // (this request's output as the typical one). Only the copy is priced so: the prompt's own new tokens are
+  // prefilled wherever it goes, and pricing their stall too made kv_cost balance requests in flight at the price
+  // of p99 TTFT where no prefix is shared (docs/benchmarks.md, "What a copy takes from the requests decoding").
+  const double decoding_share = std::max(0.0, 1.0 - queue / std::max(out * step, 1e-9));
+  t.others = beta * n * out * per_token * (T + out / 2) + n * decoding_share * copy;
+  // The same per step: each of the n has its step lengthened by per_token x (T + out / 2) for beta of its
+  // steps, and the copy's stall spread over its out steps.
+  t.others_itl = beta * n * per_token * (T + out / 2) + n * decoding_share * copy / std::max(out, 1.0);
+  // This request's own step: an empty batch's step plus the context of the batch it joins. Both per-step times
+  // are the candidates' means, as above: a worker's own learned values differ with the completions it happened
+  // to see, and one never tried keeps its prior (a 20 ms step where the others learned 5 ms) and would look too
+  // slow to be tried (RouterE2E.NoWorkerStarvesUnderMixedLoad). The router counts the context of requests
+  // decoding there (active_decode_tokens) only from their first token, so a burst sent there since looks free;
+  // the n in flight are counted at least as this request's context each (the typical one, as above), so that a
+  // burst does not herd onto the worker whose last arrivals are still in prefill.
+  const double active = static_cast<double>(w.active_decode_tokens);
+  const double empty = empty_step >= 0 ? empty_step : empty_batch_step(w, per_token);
+  const double context = T + out / 2;
+  t.own_itl = empty + per_token * std::max(active + context, (n + 1) * context);
+  t.out = out;
+  return t;
 }
 
 double empty_batch_step(const WorkerView& w, double per_token) {
