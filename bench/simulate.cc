@@ -386,6 +386,7 @@ class FleetSim {
     std::uint32_t computes_from;  // precise mode: the chain's blocks from here on are computed by the request
     std::uint64_t seq;         // the sender's count of routed records, this one included
     policy::LoadShare load;    // what the request adds to the worker's load
+    bool binding_only = false;  // a session bound where nothing of the request went: the binding is all it carries
   };
 
   struct WorkerState {
@@ -622,6 +623,10 @@ class FleetSim {
       for (std::size_t q = 0; q < reps_.size(); ++q) {
         if (q == rec.from) continue;
         Replica& rep = *reps_[q];
+        if (rec.binding_only) {
+          bind(rep, rec.session, rec.worker, rec.at);
+          continue;
+        }
         const auto& hashes = w_.requests[rec.request].chain.hashes;
         if (run_.mode == IndexMode::kApproximate && uses_match_) rep.index.record(rec.worker, hashes, hashing::Tier::kPredicted);
         // Precise mode: the blocks the request will compute, predicted until the worker's events store them (as
@@ -842,7 +847,7 @@ class FleetSim {
       for (std::size_t i = 0; i < views_.size(); ++i) f.best_matched = std::max(f.best_matched, ctx.matched_tokens(i));
     f.bound = preferred ? static_cast<int>(*preferred) : -1;
     // The session is bound where the pick says: kv_cost may bind an opening to another worker than its first turn's
-    // (policy::Pick::session_worker), which a warm-up then copies the prompt to.
+    // (policy::Pick::session_worker), which a warm-up may copy the prompt to.
     const std::size_t bound_to = pick && pick->session_worker ? *pick->session_worker : wi;
     if (r.session != 0) bind(rep, r.session, bound_to, t);
 
@@ -880,6 +885,13 @@ class FleetSim {
     count_sent(rep, replica, r.id, r, f, mb, bound_to == wi ? r.session : 0, r.output_tokens, t);
     ws.routed += 1;
     if (pick && pick->warm && *pick->warm != wi) warm_up(r, *pick->warm, ctx, replica, t, bound_to == *pick->warm ? r.session : 0);
+    // A session bound where nothing of this request went: the others learn the binding alone (as the daemon's route()).
+    if (sharing_ && r.session != 0 && bound_to != wi && !(pick && pick->warm == bound_to)) {
+      StreamRecord rec{t + o_.sync_delay_s, static_cast<std::uint32_t>(replica), static_cast<WorkerId>(bound_to), r.id,
+                       r.session, 0, 0, {}};
+      rec.binding_only = true;
+      stream_.push_back(rec);
+    }
   }
 
   // A warm-up (policy::Pick::warm): request r's prompt sent to worker `wi` as well, for one output token. As the

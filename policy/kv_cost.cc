@@ -192,6 +192,8 @@ class KvCost final : public RoutingPolicy {
     std::optional<std::size_t> holder;  // a session opening: the prefix's cheapest holder (below the loop)
     double holder_cost = std::numeric_limits<double>::infinity(), holder_ttft = 0, holder_expected = 0;
     bool holder_overloaded = false;
+    std::optional<std::size_t> cheapest;  // a session opening: the cheapest candidate, the balance aside (below the loop)
+    double cheapest_cost = std::numeric_limits<double>::infinity(), cheapest_ttft = 0, cheapest_expected = 0;
     for (std::size_t k = 0; k < ctx.workers.size(); ++k) {
       const std::size_t i = (k + ctx.sequence) % ctx.workers.size();
       const WorkerView& w = ctx.workers[i];
@@ -225,6 +227,12 @@ class KvCost final : public RoutingPolicy {
       // least bound holder with 100K tokens queued (16-20 s) when other holders would serve them in 0.3 s (family
       // seed 25; without the in-flight condition, agent sessions stacked on the holders out of the tail instead).
       const bool overloaded = ctx.opens_session && t.ttft > scale && static_cast<double>(w.in_flight) > mean_in_flight;
+      if (ctx.opens_session && c < cheapest_cost) {
+        cheapest = i;
+        cheapest_cost = c;
+        cheapest_ttft = t.ttft;
+        cheapest_expected = t.expected;
+      }
       if (ctx.opens_session && most_matched > 0 && ctx.matched_tokens(i) == most_matched && c < holder_cost) {
         holder = i;
         holder_cost = c;
@@ -268,6 +276,23 @@ class KvCost final : public RoutingPolicy {
       best = holder;
       best_ttft = holder_ttft;
       best_expected = holder_expected;
+    }
+    // A session opening whose first turn the balance's worker would serve later than the cheapest candidate by more
+    // than the fleet's mean TTFT, while some worker has no prefill queued, is served by the cheapest, and the session
+    // stays bound to the balance's worker (Pick::session_worker), with no warm-up: its second turn computes there
+    // what the first would have. The balance is for the later turns, and its wait put the first ones in the fleet's
+    // tail: family seed 389 (46 documents of 91K tokens, chat sessions, bursts) p99 TTFT 2.78x e2's -> 0.90x, seed 398
+    // 8.98x -> 3.85x (docs/benchmarks.md). Only while the fleet has room to spare (`idle_queue_s`, above): once
+    // every worker has a queue, the first turn takes a place in another one and its second turn computes it again
+    // (the saturated multi_turn cell at 1.6x its knee: mean TTFT 0.72 -> 0.86 s without this condition). The
+    // threshold is the fleet's own mean, learned. Measured alternatives (warming the balance's worker too, no
+    // threshold, others): docs/benchmarks.md, "A session's first turn where it is served soonest".
+    if (ctx.opens_session && !session_worker && cheapest && *cheapest != *best && idle_queue_s <= 0 &&
+        cheapest_ttft + means.ttft_s < best_ttft) {
+      session_worker = best;
+      best = cheapest;
+      best_ttft = cheapest_ttft;
+      best_expected = cheapest_expected;
     }
     // A copy the rent bought is made off any request's path: this request stays where it costs least, and the
     // router sends `alt` the prompt alone (Pick::warm).

@@ -79,9 +79,10 @@ Result<Decision> Router::route(const RoutableRequest& request, std::span<const h
   d.worker = (*workers)[pick->worker];
   d.pick = *pick;
   if (!config_.warm_ups || request.endpoint == Endpoint::kResponses) {
-    // No warm-up can copy the prompt (router/warm_up.h): no copy is made, and a session stays with its first turn.
+    // No warm-up can copy the prompt (router/warm_up.h): no copy is made, and a session bound where the copy was to
+    // go stays with its first turn. A Responses session always does: its next turn goes to the response's owner.
+    if (request.endpoint == Endpoint::kResponses || d.pick.session_worker == d.pick.warm) d.pick.session_worker.reset();
     d.pick.warm.reset();
-    d.pick.session_worker.reset();
   }
   if (owner_at) d.pick.reason = policy::Reason::kPreviousResponse;
   if (!ctx.match) {
@@ -95,6 +96,13 @@ Result<Decision> Router::route(const RoutableRequest& request, std::span<const h
   if (d.pick.warm && *d.pick.warm != d.pick.worker) {
     const bool binds = d.pick.session_worker == d.pick.warm;
     d.warm_up = commit_warm_up(request, ctx, *workers, *d.pick.warm, t0, binds ? session.hash : 0);
+  }
+  // A session bound where nothing of this request goes (policy::Pick::session_worker without a warm-up there): the
+  // other replicas learn the binding from a record that carries nothing else.
+  if (d.pick.session_worker && *d.pick.session_worker != d.pick.worker && d.pick.warm != d.pick.session_worker &&
+      session.hash != 0) {
+    if (auto* shared = shared_.load(std::memory_order_acquire))
+      shared->routed((*workers)[*d.pick.session_worker]->endpoint().url, request.chain.root, {}, session.hash);
   }
 
   // What one cache holding the whole KV capacity of the chosen worker's pool (the workers that can hold the
@@ -208,8 +216,8 @@ void Router::commit(Decision& d, const RoutableRequest& request, const policy::R
   d.reported_ttft_s = policy::corrected_ttft_estimate(d.pick, chosen);
   d.decode_context_tokens = chosen.active_decode_tokens;
   // The session is bound where the pick says: kv_cost may bind an opening to another worker than its first turn's
-  // (policy::Pick::session_worker), which the warm-up then copies the prompt to. The other replicas learn the binding
-  // from the routed record of whichever goes there.
+  // (policy::Pick::session_worker), which a warm-up may copy the prompt to. The other replicas learn the binding
+  // from the routed record of whichever goes there (route(): a record of the binding alone when nothing does).
   const std::size_t bound_at = d.pick.session_worker.value_or(d.pick.worker);
   if (!session.id.empty()) bind_session(session.id, ctx.workers[bound_at].id);
   begin_routed(d, request, ctx, bound_at == d.pick.worker ? session.hash : 0, /*may_hold=*/request.session_key.empty(),

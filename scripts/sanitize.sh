@@ -5,7 +5,8 @@
 #         readers and writers, the worker registry, the KV event subscribers, the shared-state client, and the
 #         daemon under parallel clients (router_e2e_test spawns the TSan-built kvroute and kvroute-sim), and its
 #         failover (failover_e2e_test: retries, ejections and health checks from every I/O thread), and its
-#         warm-ups (warm_up_e2e_test: a second POST whose end reaches the router from another thread)
+#         warm-ups (warm_up_e2e_test: a second POST whose end reaches the router from another thread), and two
+#         replicas in one process sharing a real Redis (router_shared_state_test)
 # A sanitizer report fails the test: the processes stop at the first one (halt_on_error / abort_on_error).
 #   usage: scripts/sanitize.sh [asan|tsan|all] [ctest arguments...]   (default all)
 set -euo pipefail
@@ -26,9 +27,10 @@ if [ "$what" = asan ] || [ "$what" = all ]; then
 fi
 
 if [ "$what" = tsan ] || [ "$what" = all ]; then
-  tests=(hashing_test backends_test events_test shared_state_test router_e2e_test failover_e2e_test warm_up_e2e_test)
+  tests=(hashing_test backends_test events_test shared_state_test router_e2e_test failover_e2e_test warm_up_e2e_test
+         router_shared_state_test)
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVROUTE_TSAN=ON -DKVROUTE_BUILD_BENCH=OFF \
-    -DKVROUTE_TEST_DIRS="hashing;backends;events;e2e" >/dev/null
+    -DKVROUTE_TEST_DIRS="hashing;backends;events;e2e;router" >/dev/null
   cmake --build build-tsan -j"$jobs" --target kvroute kvroute-sim "${tests[@]}"
   pattern=$(IFS='|'; echo "^(${tests[*]})\$")
   (cd build-tsan &&

@@ -690,6 +690,33 @@ TEST(KvCost, ASessionsFirstTurnGoesToItsPrefixsHolderAndTheSessionWhereTheBalanc
   EXPECT_FALSE(fresh_kv_cost_pick(s.ctx)->session_worker);
 }
 
+// A session opening the balance sends to a worker whose queue would make its first turn wait longer, beyond the
+// cheapest candidate's TTFT, than the fleet's mean TTFT: the first turn goes to the cheapest, and the session stays
+// bound to the balance's worker, with no warm-up (its second turn computes there what the first would have). Within
+// the mean, the balance's worker serves the first turn too.
+TEST(KvCost, ASessionsFirstTurnGoesWhereItIsServedSoonestWhenTheBalanceWouldPutItInTheTail) {
+  Scene s(3);
+  for (auto& w : s.workers) w.prefill_tokens_per_s = 20000;
+  s.workers[0].sessions = 0;  // the fewest sessions bound: the balance's worker
+  s.workers[1].sessions = 2;
+  s.workers[2].sessions = 2;
+  s.workers[0].pending_prefill_tokens = 40000;  // 2 s of prefill queued there; none elsewhere
+  s.workers[0].pending_prefill_s = 2.0;
+  s.context();
+  s.ctx.opens_session = true;
+  s.ctx.fleet_means = {.ttft_s = 0.5, .itl_s = 0.03, .e2e_s = 10.0};
+  auto pick = fresh_kv_cost_pick(s.ctx);
+  EXPECT_NE(pick->worker, 0u);
+  EXPECT_EQ(pick->session_worker, std::optional<std::size_t>(0));
+  EXPECT_FALSE(pick->warm);
+  EXPECT_EQ(binds(pick), 0u);
+  // Requests take 3 s to a first token on average: a 2 s wait is not the tail, the balance's worker serves it.
+  s.ctx.fleet_means.ttft_s = 3.0;
+  pick = fresh_kv_cost_pick(s.ctx);
+  EXPECT_EQ(pick->worker, 0u);
+  EXPECT_FALSE(pick->session_worker);
+}
+
 // Router replicas that route at once on an idle fleet (each one's first request, or a burst spread over them)
 // see identical workers. Each counting its own requests from 0, all would start the tie rotation at one worker;
 // with the sequence interleaved by rank they pick four different ones, as one router routing the four in turn.
