@@ -39,7 +39,7 @@ struct Replica {
   }
   ~Replica() { sync->stop(); }
 
-  // A request of `session` (none: "") with a prompt of its own: routed, and completed at once unless `keep`.
+  // A request of `session` (none: "") with a prompt of its own (`n`), routed; the caller completes it.
   Result<Decision> send(const std::string& session, int n) {
     std::string body = R"({"model":"m","max_tokens":4,"prompt":[)";
     for (int t = 0; t < 64; ++t) body += std::to_string(100000 + 1000 * n + t) + (t + 1 < 64 ? "," : "");
@@ -77,8 +77,8 @@ TEST(SharedSessionBinding, ASessionBoundAwayFromItsFirstTurnIsKnownToTheOtherRep
   const std::string prefix = "binding" + std::to_string(port);
   Replica a(url, prefix), b(url, prefix);
 
-  // Two sessions open on two workers; the third worker has none bound, which makes it the balance's pick for the
-  // next opening.
+  // Two sessions open on two workers; the third has none bound, which makes it the balance's pick for the next
+  // opening.
   std::set<hashing::WorkerId> opened;
   for (int s = 0; s < 2; ++s) {
     auto d = a.send("chat-" + std::to_string(s), s);
@@ -87,32 +87,32 @@ TEST(SharedSessionBinding, ASessionBoundAwayFromItsFirstTurnIsKnownToTheOtherRep
     a.router->complete(*d, Outcome{true, std::nullopt});
   }
   ASSERT_EQ(opened.size(), 2u);
-  hashing::WorkerId idle_of_sessions = 0;
-  while (opened.count(idle_of_sessions)) ++idle_of_sessions;
+  hashing::WorkerId least_bound = 0;
+  while (opened.count(least_bound)) ++least_bound;
   // That worker has 200K tokens of prefill queued (20 s); each worker has one request in flight, so it is no busier
   // than the mean in requests.
   for (hashing::WorkerId w = 0; w < 3; ++w) {
-    a.worker(w)->begin(w == idle_of_sessions ? 200000 : 0, w == idle_of_sessions ? 20.0 : 0.0, 100);
+    a.worker(w)->begin(w == least_bound ? 200000 : 0, w == least_bound ? 20.0 : 0.0, 100);
   }
 
   auto first = a.send("chat-new", 10);
   ASSERT_TRUE(first) << first.error().message;
-  EXPECT_NE(first->worker->id(), idle_of_sessions) << "the first turn is served where it is served soonest";
-  EXPECT_EQ(first->pick.session_worker, std::optional<std::size_t>(idle_of_sessions));
+  EXPECT_NE(first->worker->id(), least_bound) << "the first turn is served where it is served soonest";
+  EXPECT_EQ(first->pick.session_worker, std::optional<std::size_t>(least_bound));
   EXPECT_FALSE(first->warm_up) << "no warm-up goes to the session's worker";
-  EXPECT_EQ(a.router->session_worker("chat-new"), std::optional<hashing::WorkerId>(idle_of_sessions));
+  EXPECT_EQ(a.router->session_worker("chat-new"), std::optional<hashing::WorkerId>(least_bound));
   a.router->complete(*first, Outcome{true, std::nullopt});
 
   // The other replica hears of the binding through Redis, though nothing of the request went to that worker.
   const auto until = std::chrono::steady_clock::now() + 5s;
-  while (b.router->session_worker("chat-new") != std::optional<hashing::WorkerId>(idle_of_sessions) &&
+  while (b.router->session_worker("chat-new") != std::optional<hashing::WorkerId>(least_bound) &&
          std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(10ms);
   }
-  EXPECT_EQ(b.router->session_worker("chat-new"), std::optional<hashing::WorkerId>(idle_of_sessions));
+  EXPECT_EQ(b.router->session_worker("chat-new"), std::optional<hashing::WorkerId>(least_bound));
   auto second = b.send("chat-new", 11);
   ASSERT_TRUE(second) << second.error().message;
-  EXPECT_EQ(second->worker->id(), idle_of_sessions) << "the next turn, through the other replica, goes to it";
+  EXPECT_EQ(second->worker->id(), least_bound) << "the next turn, through the other replica, goes to it";
   b.router->complete(*second, Outcome{true, std::nullopt});
 }
 
