@@ -33,6 +33,7 @@
 #endif
 
 #include "tests/support/harness.h"
+#include "tests/support/redis_server.h"
 
 namespace kvroute::test {
 namespace {
@@ -50,55 +51,6 @@ constexpr int kTenantBlocks = 400;
 // a prior, stays 7x slow on both, and the prices of queueing and recomputing lose their proportions.
 const char* kPrefillPrior = "530000";
 const char* kDecodeStepPrior = "0.00035";
-const char* kRedisServer = "/usr/bin/redis-server";
-
-// One redis-server on loopback without persistence; restartable on the same port.
-class Redis {
- public:
-  Redis() : port_(free_port()) { start(); }
-  void start() {
-    proc_ = Process::start({kRedisServer, "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "",
-                            "--appendonly", "no"},
-                           testing::TempDir() + "/kvroute-replicas-redis.log");
-    const auto until = std::chrono::steady_clock::now() + 10s;
-    while (command("PING").find("+PONG") == std::string::npos && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(20ms);
-    }
-  }
-  void kill() { proc_.kill_now(); }
-  // An inline command's raw reply (the connection is closed after it).
-  std::string command(const std::string& cmd) const { return raw_exchange(port_, cmd + "\r\nQUIT\r\n", 2s); }
-  // Calls and bytes of the commands Redis served so far (INFO commandstats, INFO stats).
-  std::pair<double, double> calls_and_bytes() const {
-    const std::string stats = command("INFO commandstats");
-    double calls = 0;
-    for (auto pos = stats.find("calls="); pos != std::string::npos; pos = stats.find("calls=", pos + 1)) {
-      calls += std::stod(stats.substr(pos + 6));
-    }
-    const std::string net = command("INFO stats");
-    auto field = [&](const std::string& name) {
-      const auto pos = net.find(name + ":");
-      return pos == std::string::npos ? 0.0 : std::stod(net.substr(pos + name.size() + 1));
-    };
-    return {calls, field("total_net_input_bytes") + field("total_net_output_bytes")};
-  }
-  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
-  int port() const { return port_; }
-  // CPU seconds redis-server has used (INFO cpu: used_cpu_sys + used_cpu_user).
-  double cpu_seconds() const {
-    const std::string info = command("INFO cpu");
-    auto field = [&](const std::string& name) {
-      const auto pos = info.find(name + ":");
-      return pos == std::string::npos ? 0.0 : std::stod(info.substr(pos + name.size() + 1));
-    };
-    return field("used_cpu_sys") + field("used_cpu_user");
-  }
-
- private:
-  int port_;
-  Process proc_;
-};
-
 // A TCP proxy in front of `upstream` on loopback that passes what the server answers `delay` late (what the
 // client sends goes through at once): a Redis that answers 5 ms late.
 class DelayingProxy {
@@ -383,8 +335,6 @@ std::pair<std::string, std::string> session_request(int i) {
   for (int t = 0; t <= turn; ++t) prompt += "turn " + std::to_string(t) + ": " + text(conv * 100 + t, 60);
   return {prompt, "conversation-" + std::to_string(conv)};
 }
-
-bool redis_available() { return ::access(kRedisServer, X_OK) == 0; }
 
 TEST(ReplicasE2E, ApproximateHitRateMatchesOneReplica) {
   if (!redis_available()) GTEST_SKIP() << "redis-server is not installed (scripts/setup.sh installs it)";

@@ -1,8 +1,6 @@
 // Two router replicas in one process, sharing state through a real redis-server: a session kv_cost binds away from
 // its first turn's worker, with no warm-up going there (policy::Pick::session_worker), is known to the other replica
 // from a record of the binding alone (Router::route), and that replica sends the session's next turn there.
-#include <unistd.h>
-
 #include <chrono>
 #include <memory>
 #include <set>
@@ -13,15 +11,12 @@
 
 #include "router/replica_sync.h"
 #include "router/router.h"
-#include "tests/support/harness.h"
+#include "tests/support/redis_server.h"
 
 namespace kvroute::router {
 namespace {
 
 using namespace std::chrono_literals;
-using test::Process;
-
-constexpr const char* kRedisServer = "/usr/bin/redis-server";
 
 // One replica: its registry of the same three workers, its router and its link to the shared state.
 struct Replica {
@@ -63,19 +58,10 @@ struct Replica {
 };
 
 TEST(SharedSessionBinding, ASessionBoundAwayFromItsFirstTurnIsKnownToTheOtherReplica) {
-  if (::access(kRedisServer, X_OK) != 0) GTEST_SKIP() << "redis-server is not installed (scripts/setup.sh installs it)";
-  const int port = test::free_port();
-  Process redis = Process::start({kRedisServer, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "",
-                                  "--appendonly", "no"},
-                                 testing::TempDir() + "/kvroute-shared-binding-redis.log");
-  const auto up = std::chrono::steady_clock::now() + 10s;
-  while (test::raw_exchange(port, "PING\r\nQUIT\r\n", 1s).find("+PONG") == std::string::npos &&
-         std::chrono::steady_clock::now() < up) {
-    std::this_thread::sleep_for(20ms);
-  }
-  const std::string url = "redis://127.0.0.1:" + std::to_string(port);
-  const std::string prefix = "binding" + std::to_string(port);
-  Replica a(url, prefix), b(url, prefix);
+  if (!test::redis_available()) GTEST_SKIP() << "redis-server is not installed (scripts/setup.sh installs it)";
+  const test::Redis redis;
+  const std::string prefix = "binding" + std::to_string(redis.port());
+  Replica a(redis.url(), prefix), b(redis.url(), prefix);
 
   // Two sessions open on two workers; the third has none bound, which makes it the balance's pick for the next
   // opening.
