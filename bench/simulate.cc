@@ -854,15 +854,23 @@ class FleetSim {
     // kv_cost's prefix hold, as the daemon does it (router/router.h, Router::route): in precise mode, a request
     // without a session whose matched prefix ends in a block an earlier request is still computing on the
     // chosen worker, and that no KV event has confirmed yet, waits for that request's first token, the block's
-    // event, or --prefix-hold seconds; only where that prefix's prefill outlasts the worker's fixed part of TTFT
-    // (policy::prefix_hold_pays).
+    // event, or --prefix-hold seconds; only where that prefix's prefill outlasts the worker's fixed part of TTFT,
+    // and while the request could be admitted with the earlier one (policy::prefix_hold_pays). A request's
+    // prefill starts once the prefill queued ahead of it is done, at the worker's rate.
     hashing::ComputingPrefixes::Token leader = 0;
     const std::uint32_t mb = holds_ ? ctx.matched_blocks(wi) : 0;
     if (mb > 0 && r.session == 0 && rep.computing.holds_help(w) &&
-        policy::prefix_hold_pays(views_[wi], static_cast<double>(ctx.matched_tokens(wi))) &&
-        rep.index.tier(w, r.chain.hashes[mb - 1]) == hashing::Tier::kPredicted)
-      leader = rep.computing.computing(w, mb - 1, r.chain.hashes[mb - 1]).value_or(0);
-    if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t);
+        rep.index.tier(w, r.chain.hashes[mb - 1]) == hashing::Tier::kPredicted) {
+      const auto computing = rep.computing.computing(w, mb - 1, r.chain.hashes[mb - 1]);
+      const auto computes = computing ? rep.computing.computation(w, *computing) : std::nullopt;
+      if (computes && policy::prefix_hold_pays(views_[wi], static_cast<double>(ctx.matched_tokens(wi)),
+                                               static_cast<double>(mb - computes->from) * ctx.tokens_per_block,
+                                               t >= computes->starts_at))
+        leader = *computing;
+    }
+    const double queued_s = static_cast<double>(views_[wi].pending_prefill_tokens) /
+                            std::max(views_[wi].prefill_tokens_per_s, 1.0);
+    if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t, t + queued_s);
 
     // 4. The observer's updates, then the request goes to the worker.
     record_chain(rep, w, r, mb);
@@ -910,7 +918,9 @@ class FleetSim {
     const std::uint64_t predicted_cached = uses_match_ ? ctx.matched_tokens(wi) : 0;
     f.predicted_uncached = r.prompt_tokens - std::min<std::uint64_t>(r.prompt_tokens, predicted_cached);
     const std::uint32_t mb = holds_ ? ctx.matched_blocks(wi) : 0;
-    if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t);
+    const double queued_s = static_cast<double>(views_[wi].pending_prefill_tokens) /
+                            std::max(views_[wi].prefill_tokens_per_s, 1.0);
+    if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t, t + queued_s);
     record_chain(rep, w, r, mb);
     sim::SimRequest req;
     req.id = id;

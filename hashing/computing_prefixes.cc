@@ -1,17 +1,19 @@
 #include "hashing/computing_prefixes.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace kvroute::hashing {
 
 ComputingPrefixes::Token ComputingPrefixes::begin(WorkerId worker, std::span<const BlockHash> chain,
-                                                  std::size_t from, double now) {
+                                                  std::size_t from, double now, double starts_at) {
   if (from >= chain.size()) return 0;
   std::lock_guard lock(mu_);
   if (worker >= workers_.size()) workers_.resize(static_cast<std::size_t>(worker) + 1);
   const Token t = next_++;
-  workers_[worker].entries.push_back(
-      Entry{t, from, std::vector<BlockHash>(chain.begin() + static_cast<std::ptrdiff_t>(from), chain.end()), now});
+  workers_[worker].entries.push_back(Entry{t, from,
+                                           std::vector<BlockHash>(chain.begin() + static_cast<std::ptrdiff_t>(from), chain.end()),
+                                           now, std::max(starts_at, now)});
   return t;
 }
 
@@ -24,7 +26,8 @@ ComputingPrefixes::Token ComputingPrefixes::begin_elsewhere(WorkerId worker, std
   // Others' entries whose store event never came (the request failed there, or the event was lost).
   std::erase_if(list, [&](const Entry& e) { return e.elsewhere && now - e.began_at > kElsewhereTtl; });
   const Token t = next_++;
-  Entry e{t, from, std::vector<BlockHash>(chain.begin() + static_cast<std::ptrdiff_t>(from), chain.end()), now};
+  Entry e{t, from, std::vector<BlockHash>(chain.begin() + static_cast<std::ptrdiff_t>(from), chain.end()), now,
+          std::numeric_limits<double>::infinity()};
   e.elsewhere = true;
   list.push_back(std::move(e));
   return t;
@@ -94,6 +97,15 @@ std::optional<ComputingPrefixes::Token> ComputingPrefixes::computing(WorkerId wo
   if (worker >= workers_.size()) return std::nullopt;
   for (const Entry& e : workers_[worker].entries) {
     if (pos >= e.from && pos - e.from < e.blocks.size() && e.blocks[pos - e.from] == block) return e.token;
+  }
+  return std::nullopt;
+}
+
+std::optional<ComputingPrefixes::Computation> ComputingPrefixes::computation(WorkerId worker, Token token) const {
+  std::lock_guard lock(mu_);
+  if (worker >= workers_.size()) return std::nullopt;
+  for (const Entry& e : workers_[worker].entries) {
+    if (e.token == token) return Computation{e.from, e.starts_at};
   }
   return std::nullopt;
 }

@@ -47,8 +47,10 @@ class ComputingPrefixes {
   using Token = std::uint64_t;  // 0: nothing registered
 
   // A request sent to `worker` at `now` (seconds on the caller's clock) computes blocks [from, chain.size()) of
-  // `chain`. Returns its token, 0 when it computes no full block.
-  Token begin(WorkerId worker, std::span<const BlockHash> chain, std::size_t from, double now = 0);
+  // `chain`, its prefill expected to start at `starts_at` (the prefill queued ahead of it there done; `now` when
+  // nothing is). Returns its token, 0 when it computes no full block.
+  Token begin(WorkerId worker, std::span<const BlockHash> chain, std::size_t from, double now = 0,
+              double starts_at = -1);
   // Another router replica's request (its routed record, --shared-state): this replica never sees its first
   // token, so the entry ends when the worker's event stores its last block, or kElsewhereTtl seconds after
   // `now` (an entry registered later, of any kind, sweeps it). It teaches no commit timing.
@@ -79,6 +81,13 @@ class ComputingPrefixes {
   // The earliest registered request on `worker` still computing `block` as block `pos` of its chain (chained
   // hashes: the same block at the same position is the same prefix).
   std::optional<Token> computing(WorkerId worker, std::size_t pos, BlockHash block) const;
+  // What registered request `token` on `worker` computes: from which block of its chain, and when its prefill was
+  // expected to start (begin(); another replica's request: never known, +infinity). nullopt once it has ended.
+  struct Computation {
+    std::size_t from = 0;
+    double starts_at = 0;
+  };
+  std::optional<Computation> computation(WorkerId worker, Token token) const;
   bool active(WorkerId worker, Token token) const;
   // The worker was removed: its entries and what it taught go (its id may be another worker's next).
   void forget(WorkerId worker);
@@ -91,6 +100,7 @@ class ComputingPrefixes {
     std::size_t from;
     std::vector<BlockHash> blocks;  // chain[from..]
     double began_at = 0;            // when it was sent
+    double starts_at = 0;           // when its prefill was expected to start (begin())
     double stored_at = -1;          // when the worker's event stored blocks.back(); -1: not yet
     bool elsewhere = false;         // another replica's request (begin_elsewhere)
   };

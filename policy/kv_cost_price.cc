@@ -86,9 +86,6 @@
 namespace kvroute::policy {
 namespace {
 
-// Chunked-prefill token budget per engine step (vLLM's default max_num_batched_tokens for chunked prefill
-// on large GPUs is 8192 in V1; smaller budgets only make the decode term larger).
-constexpr double kChunkTokens = 8192.0;
 // The duplicate term is multiplied by 1 + kDuplicateTailWeight x TTFT / Em (TTFT on the worker
 // priced), so leaving a prefix's holder costs more the longer the request takes: a second of the copy's prefill
 // is priced as a second of this request's wait at the margin, the derivative of the convex TTFT price

@@ -53,15 +53,35 @@ inline double prefill_seconds(double tokens, double cached, double prefill_token
   return tokens * scale / (prefill_tokens_per_s > 1.0 ? prefill_tokens_per_s : 1.0);
 }
 
+// Chunked-prefill token budget per engine step (vLLM's default max_num_batched_tokens for chunked prefill on large
+// GPUs is 8192 in V1). A longer prefill runs over several steps, one chunk each, and each step also runs the decode
+// batch (architecture section 8).
+inline constexpr double kChunkTokens = 8192.0;
+
 // Whether kv_cost's prefix hold pays on worker w for a request whose matched prefix there, `prefix_tokens` long, an
-// earlier request is still computing (Router::prefix_held; the simulator holds alike). Held, the request reads that
-// prefix from cache, but its own fixed part of TTFT (front end, scheduling: WorkerView::base_ttft_s) starts only once
-// the prefix lands instead of while it is computed; sent at once, it computes again at most the prefix. So the hold
-// pays while the prefix's prefill outlasts that fixed part. Family seed 43 (a 1,120-token prefix every request shares,
-// its 1,000 requests within 2.5 s): the first ones, held until the prefix landed, had TTFTs of 0.15-0.21 s against
-// round robin's 0.11-0.14 s, p99 TTFT 1.52x round robin's; 0.89x since (docs/benchmarks.md, "A prefix hold only
-// where it pays").
-inline bool prefix_hold_pays(const WorkerView& w, double prefix_tokens) {
+// earlier request (the leader) is still computing (Router::prefix_held; the simulator holds alike). `leader_tokens`:
+// the part of that prefix the leader computes (the rest it found cached); `leader_started`: whether its prefill has
+// started, the prefill queued ahead of it when it was sent being done by now.
+//
+// Sent at once, the request waits in the engine's queue and is admitted in a step after the leader's, reading what
+// the leader's earlier steps stored. It computes again only what the leader computes in the step it is admitted
+// with: the whole prefix when both wait to start together, at most the leader's last chunk once the leader's prefill
+// has started. So once the leader has started on a part of the prefix that fits in one chunk, the step computing it
+// is under way and ends before the request can be admitted: the request reads the whole prefix without a hold, and
+// a hold would only delay it, to the leader's first token, behind whatever was sent there meanwhile. Family seeds 506
+// and 534 (a 3.6K / 3.9K-token prefix every request shares): requests held behind the first ones had TTFTs of
+// 0.21-0.23 s where round robin, sending at once on the same workers, had 0.13-0.15 s, p99 TTFT 1.25x and 1.27x
+// round robin's; 0.96x and 1.01x the best other policy's since (docs/benchmarks.md, "A prefix hold only while its
+// leader waits").
+//
+// Held, the request reads that prefix from cache, but its own fixed part of TTFT (front end, scheduling:
+// WorkerView::base_ttft_s) starts only once the prefix lands instead of while it is computed; sent at once, it
+// computes again at most the prefix. So the hold pays while the prefix's prefill outlasts that fixed part. Family
+// seed 43 (a 1,120-token prefix every request shares, its 1,000 requests within 2.5 s): the first ones, held until
+// the prefix landed, had TTFTs of 0.15-0.21 s against round robin's 0.11-0.14 s, p99 TTFT 1.52x round robin's; 0.89x
+// since (docs/benchmarks.md, "A prefix hold only where it pays").
+inline bool prefix_hold_pays(const WorkerView& w, double prefix_tokens, double leader_tokens, bool leader_started) {
+  if (leader_started && leader_tokens <= kChunkTokens) return false;
   return prefill_seconds(prefix_tokens, 0.0, w.prefill_tokens_per_s) > w.base_ttft_s;
 }
 

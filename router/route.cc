@@ -268,18 +268,26 @@ void Router::begin_routed(Decision& d, const RoutableRequest& request, const pol
     if (config_.prefix_hold_s > 0 && policy_->waits_for_computing_prefix()) {
       // Its prefix's last block on this worker may be one an earlier request is still computing: hold it
       // until that lands (prefix_held()). Its own blocks beyond the match are computing until its first byte.
+      // Only while that request may be admitted together with the earlier one (policy::prefix_hold_pays).
       const std::uint32_t m = ctx.matched_blocks(at);
       const auto id = d.worker->id();
-      if (m > 0 && may_hold && computing_.holds_help(id) &&
-          policy::prefix_hold_pays(ctx.workers[at], static_cast<double>(ctx.matched_tokens(at)))) {
-        if (auto leader = computing_.computing(id, m - 1, request.chain.hashes[m - 1])) {
+      const double now = steady_seconds(d.start);
+      const policy::WorkerView& view = ctx.workers[at];
+      if (m > 0 && may_hold && computing_.holds_help(id)) {
+        const auto leader = computing_.computing(id, m - 1, request.chain.hashes[m - 1]);
+        const auto computes = leader ? computing_.computation(id, *leader) : std::nullopt;
+        if (computes && policy::prefix_hold_pays(view, static_cast<double>(ctx.matched_tokens(at)),
+                                                 static_cast<double>(m - computes->from) * ctx.tokens_per_block,
+                                                 now >= computes->starts_at)) {
           d.hold_leader = *leader;
           d.hold_block = request.chain.hashes[m - 1];
           d.hold_until = d.start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                        std::chrono::duration<double>(config_.prefix_hold_s));
         }
       }
-      d.computing = computing_.begin(id, request.chain.hashes, m, steady_seconds(d.start));
+      // Its own prefill starts once the prefill queued ahead of it there is done, at the worker's rate.
+      const double queued_s = static_cast<double>(view.pending_prefill_tokens) / std::max(view.prefill_tokens_per_s, 1.0);
+      d.computing = computing_.begin(id, request.chain.hashes, m, now, now + queued_s);
     }
     index_.expect(d.worker->id(), request.chain.hashes);
     d.expected = request.chain.hashes;

@@ -409,6 +409,61 @@ TEST(PreciseE2E, AShortPrefixIsNotWorthAHoldALongOneIs) {
   EXPECT_EQ(holds_for(kHoldPrefix), 1.0);
 }
 
+// A hold pays only while the request could be admitted together with the one computing its prefix
+// (policy::prefix_hold_pays). Sent to an idle worker, that one starts at once, and a 6K-token prefix (one chunk) is
+// computed in its first step: a request sharing it, sent meanwhile, goes at once and is admitted after that step,
+// reading the whole prefix. Sent behind a 16K-token prompt, it waits to start, and a request sharing its prefix is
+// held (sent at once, the two would be admitted in one step and both compute the prefix).
+TEST(PreciseE2E, ARequestIsHeldOnlyWhileThePrefixsComputationWaitsToStart) {
+  PreciseFleet fleet(/*events=*/true, "vllm", {}, {"--speed", "2", "--num-gpu-blocks", "4000"});
+  fleet.wait_live();
+  for (int i = 1; i < 3; ++i) {
+    const auto c = http(fleet.admin(), "POST", "/admin/workers/127.0.0.1:" + std::to_string(fleet.sim(i)) + "/cordon");
+    ASSERT_EQ(c.status, 200) << c.body;
+  }
+  constexpr std::uint64_t kPrefix = 6144;
+  std::mt19937_64 rng(13);
+  auto in_flight = [&] {
+    int n = 0;
+    const auto workers = json::parse(http(fleet.admin(), "GET", "/admin/workers").body);
+    for (const auto& w : workers.at("workers").as_array()) n += w.at("in_flight").to_number<int>();
+    return n;
+  };
+  auto wait_for_in_flight = [&](int n) {
+    const auto by = std::chrono::steady_clock::now() + 5s;
+    while (in_flight() < n && std::chrono::steady_clock::now() < by) std::this_thread::sleep_for(1ms);
+  };
+  auto stream = [&](const std::string& body) {
+    return http_stream(fleet.api(), "POST", "/v1/completions", body, {},
+                       [](const std::string&, std::chrono::steady_clock::time_point) {});
+  };
+  // Returns the holds and the cached tokens of the request sent while the first one computes the prefix.
+  auto run = [&](bool behind_a_long_prompt) {
+    const json::array prefix = random_prefix(rng, kPrefix);
+    const double before = metric_sum(http(fleet.admin(), "GET", "/metrics").body, "kvroute_prefix_holds_total");
+    std::vector<std::thread> sent;
+    if (behind_a_long_prompt) {
+      sent.emplace_back([&, body = hold_request(random_prefix(rng, 16384), 9, true)] { EXPECT_EQ(stream(body).status, 200); });
+      wait_for_in_flight(1);
+    }
+    sent.emplace_back([&, body = hold_request(prefix, 1, true)] { EXPECT_EQ(stream(body).status, 200); });
+    wait_for_in_flight(behind_a_long_prompt ? 2 : 1);
+    std::this_thread::sleep_for(10ms);
+    const HttpResponse second = http(fleet.api(), "POST", "/v1/completions", hold_request(prefix, 2, false));
+    for (auto& t : sent) t.join();
+    EXPECT_EQ(second.status, 200) << second.body << second.error;
+    const auto usage = json::parse(second.body).at("usage").at("prompt_tokens_details");
+    const double holds = metric_sum(http(fleet.admin(), "GET", "/metrics").body, "kvroute_prefix_holds_total") - before;
+    return std::make_pair(holds, usage.at("cached_tokens").to_number<std::uint64_t>());
+  };
+  const auto [holds_started, cached_started] = run(false);
+  EXPECT_EQ(holds_started, 0.0);
+  EXPECT_EQ(cached_started, kPrefix);  // admitted after the step that computed it
+  const auto [holds_waiting, cached_waiting] = run(true);
+  EXPECT_EQ(holds_waiting, 1.0);
+  EXPECT_EQ(cached_waiting, kPrefix);
+}
+
 TEST(PreciseE2E, RouterIndexEqualsWhatWorkersHoldAfterEvictingBurst) {
   PreciseFleet fleet(/*events=*/true);
   fleet.wait_live();

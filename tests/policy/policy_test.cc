@@ -563,18 +563,33 @@ TEST(KvCost, ASessionDoesNotOpenByCopyingItsPrefixIntoACacheFullOfReusedBlocks) 
 
 // The prefix hold pays only while the prefix's prefill outlasts the worker's fixed part of TTFT, which a held request
 // starts only once the prefix lands: on a 30,000 tokens/s worker with a 50 ms front end, a 12K-token prefix (0.34 s)
-// is worth waiting for, a 1,120-token one (25 ms) is not.
+// is worth waiting for, a 1,120-token one (25 ms) is not. (The leader computing all of it has not started yet.)
 TEST(PrefixHold, PaysOnlyWhileThePrefixsPrefillOutlastsTheFixedPartOfTtft) {
   WorkerView w;
   w.prefill_tokens_per_s = 30000;
   w.base_ttft_s = 0.05;
-  EXPECT_TRUE(prefix_hold_pays(w, 12288));
-  EXPECT_FALSE(prefix_hold_pays(w, 1120));
+  EXPECT_TRUE(prefix_hold_pays(w, 12288, 12288, false));
+  EXPECT_FALSE(prefix_hold_pays(w, 1120, 1120, false));
   EXPECT_NEAR(prefill_seconds(1120, 0, 30000), 0.025, 0.001);
   w.base_ttft_s = 0.02;  // a leaner front end: the same prefix is worth the wait
-  EXPECT_TRUE(prefix_hold_pays(w, 1120));
+  EXPECT_TRUE(prefix_hold_pays(w, 1120, 1120, false));
   w.base_ttft_s = 0;  // not learned yet: any prefix
-  EXPECT_TRUE(prefix_hold_pays(w, 16));
+  EXPECT_TRUE(prefix_hold_pays(w, 16, 16, false));
+}
+
+// Once the leader's prefill has started on a part of the prefix that fits in one chunk, the step computing it ends
+// before the request could be admitted: sent at once, the request reads the whole prefix, so no hold. A leader
+// computing more than a chunk of it shares its last chunk's step with the request sent at once, which would
+// compute that part again: the hold still pays. Until the leader starts, both would be admitted together.
+TEST(PrefixHold, NotOnceTheLeaderComputesItsLastChunkOfThePrefix) {
+  WorkerView w;
+  w.prefill_tokens_per_s = 30000;
+  w.base_ttft_s = 0.05;
+  EXPECT_FALSE(prefix_hold_pays(w, 6144, 6144, true));
+  EXPECT_TRUE(prefix_hold_pays(w, 6144, 6144, false));
+  EXPECT_FALSE(prefix_hold_pays(w, 20480, kChunkTokens, true));  // the rest of the prefix was cached there
+  EXPECT_TRUE(prefix_hold_pays(w, 20480, kChunkTokens + 16, true));
+  EXPECT_TRUE(prefix_hold_pays(w, 20480, 20480, true));
 }
 
 // Of a later turn, what the session keeps on its worker alone: the prompt and expected output less the longest

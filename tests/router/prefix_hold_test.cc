@@ -16,12 +16,24 @@ namespace {
 
 class PrefixHoldTest : public testing::Test {
  protected:
-  void start(const std::string& policy, bool precise) {
+  // `queued`: a 4,096-token prompt of its own is routed first and stays in flight, so the requests after it wait
+  // to start their prefills (a request whose prefix is computed by one already started is not held:
+  // policy::prefix_hold_pays).
+  void start(const std::string& policy, bool precise, bool queued = true) {
     config_.policy = policy;
     router_ = std::make_unique<Router>(config_, registry_, std::move(*policy::make_policy(policy, {})), metrics_);
     auto ep = backends::parse_worker_url("http://10.0.0.1:8000");
     ASSERT_TRUE(ep && registry_.add(*ep));
     registry_.find(0)->set_precise(precise);
+    if (!queued) return;
+    std::string body = R"({"model":"m","max_tokens":4,"prompt":[)";
+    for (int t = 0; t < 4096; ++t) body += std::to_string(900000 + t) + (t + 1 < 4096 ? "," : "");
+    body += "]}";
+    auto parsed = parse_request(Endpoint::kCompletions, body, RequestHeaders{}, ParseOptions{});
+    ASSERT_TRUE(parsed) << parsed.error().message;
+    auto d = router_->route(*parsed);
+    ASSERT_TRUE(d) << d.error().message;
+    ahead_ = std::move(*d);
   }
   // A prompt of token ids: a 64-token prefix shared by every request (four blocks), then `tail` tokens of its own.
   Decision route(int tail, std::string_view session = {}) {
@@ -72,6 +84,7 @@ class PrefixHoldTest : public testing::Test {
   }
 
   Config config_;
+  Decision ahead_;  // start(): the prompt queued ahead
   backends::WorkerRegistry registry_;
   RouterMetrics metrics_;
   std::unique_ptr<Router> router_;
@@ -119,7 +132,19 @@ TEST_F(PrefixHoldTest, ARequestThatEndedWithoutAFirstByteStopsTheHold) {
   router_->complete(first, Outcome{false, std::nullopt});  // the worker failed it
   EXPECT_FALSE(router_->prefix_held(second));
   router_->complete(second, Outcome{true, std::nullopt});
+  router_->complete(ahead_, Outcome{true, std::nullopt});
   EXPECT_EQ(registry_.find(0)->in_flight(), 0u);
+}
+
+// Sent to an idle worker, the first request starts its prefill at once, and the 64-token prefix is computed in its
+// first step: the engine admits the second only after that step, when the prefix is stored, so it is not held.
+TEST_F(PrefixHoldTest, NotHeldOnceTheRequestComputingItsPrefixHasStarted) {
+  start("kv_cost", true, /*queued=*/false);
+  Decision first = route(16);
+  Decision second = route(32);
+  EXPECT_EQ(second.hold_leader, 0u);
+  EXPECT_FALSE(router_->prefix_held(second));
+  complete({&first, &second});
 }
 
 TEST_F(PrefixHoldTest, OnlyKvCostOnWorkersInPreciseModeHolds) {
