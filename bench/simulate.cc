@@ -868,9 +868,7 @@ class FleetSim {
                                                t >= computes->starts_at))
         leader = *computing;
     }
-    const double queued_s = static_cast<double>(views_[wi].pending_prefill_tokens) /
-                            std::max(views_[wi].prefill_tokens_per_s, 1.0);
-    if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t, t + queued_s);
+    if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t, t + policy::queued_prefill_seconds(views_[wi]));
 
     // 4. The observer's updates, then the request goes to the worker.
     record_chain(rep, w, r, mb);
@@ -918,9 +916,7 @@ class FleetSim {
     const std::uint64_t predicted_cached = uses_match_ ? ctx.matched_tokens(wi) : 0;
     f.predicted_uncached = r.prompt_tokens - std::min<std::uint64_t>(r.prompt_tokens, predicted_cached);
     const std::uint32_t mb = holds_ ? ctx.matched_blocks(wi) : 0;
-    const double queued_s = static_cast<double>(views_[wi].pending_prefill_tokens) /
-                            std::max(views_[wi].prefill_tokens_per_s, 1.0);
-    if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t, t + queued_s);
+    if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t, t + policy::queued_prefill_seconds(views_[wi]));
     record_chain(rep, w, r, mb);
     sim::SimRequest req;
     req.id = id;

@@ -28,6 +28,7 @@
 // with long prefill queues.
 #include "policy/kv_cost_price.h"
 #include "policy/policies.h"
+#include "policy/rate_learner.h"
 
 #include <algorithm>
 #include <cmath>
@@ -122,8 +123,7 @@ class KvCost final : public RoutingPolicy {
       mean_in_flight += w.in_flight;
       most_matched = std::max(most_matched, ctx.matched_tokens(i));
       most_blocks = std::max(most_blocks, ctx.matched_blocks(i));
-      const double queue_s = static_cast<double>(w.pending_prefill_tokens) / std::max(w.prefill_tokens_per_s, 1.0);
-      idle_queue_s = std::min(idle_queue_s, queue_s);
+      idle_queue_s = std::min(idle_queue_s, queued_prefill_seconds(w));
     }
     if (healthy > 0) {
       step_per_token /= static_cast<double>(healthy);

@@ -53,6 +53,12 @@ inline double prefill_seconds(double tokens, double cached, double prefill_token
   return tokens * scale / (prefill_tokens_per_s > 1.0 ? prefill_tokens_per_s : 1.0);
 }
 
+// Seconds of prefill queued on worker w, its pending tokens at its rate: when a request sent there now starts its
+// own prefill (the prefix hold's question, below), and the fleet's spare prefill (kv_cost's fleet-busy price).
+inline double queued_prefill_seconds(const WorkerView& w) {
+  return static_cast<double>(w.pending_prefill_tokens) / (w.prefill_tokens_per_s > 1.0 ? w.prefill_tokens_per_s : 1.0);
+}
+
 // Chunked-prefill token budget per engine step (vLLM's default max_num_batched_tokens for chunked prefill on large
 // GPUs is 8192 in V1). A longer prefill runs over several steps, one chunk each, and each step also runs the decode
 // batch (architecture section 8).

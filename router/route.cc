@@ -286,8 +286,7 @@ void Router::begin_routed(Decision& d, const RoutableRequest& request, const pol
         }
       }
       // Its own prefill starts once the prefill queued ahead of it there is done, at the worker's rate.
-      const double queued_s = static_cast<double>(view.pending_prefill_tokens) / std::max(view.prefill_tokens_per_s, 1.0);
-      d.computing = computing_.begin(id, request.chain.hashes, m, now, now + queued_s);
+      d.computing = computing_.begin(id, request.chain.hashes, m, now, now + policy::queued_prefill_seconds(view));
     }
     index_.expect(d.worker->id(), request.chain.hashes);
     d.expected = request.chain.hashes;
