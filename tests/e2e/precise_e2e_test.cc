@@ -188,6 +188,14 @@ void wait_until_routed(int admin, std::chrono::milliseconds poll) {
   while (!routed() && std::chrono::steady_clock::now() < by) std::this_thread::sleep_for(poll);
 }
 
+// Cordons the fleet's second and third workers through the admin API: every request goes to the first.
+void cordon_all_but_the_first(PreciseFleet& fleet) {
+  for (int i = 1; i < 3; ++i) {
+    const auto c = http(fleet.admin(), "POST", "/admin/workers/127.0.0.1:" + std::to_string(fleet.sim(i)) + "/cordon");
+    EXPECT_EQ(c.status, 200) << c.body;
+  }
+}
+
 struct HoldRun {
   std::uint64_t first_cached = 0, second_cached = 0;
   std::string first_worker, second_worker;
@@ -246,10 +254,7 @@ HoldRun prefix_hold_run(std::vector<std::string> router_args, std::vector<std::s
   // kv_cost may as well send the second to an idle worker to compute the prefix there (about the same TTFT,
   // and a copy costs nothing while a worker is idle and its cache holds nothing hit again), and what is tested
   // here is the hold on the worker computing it.
-  for (int i = 1; i < 3; ++i) {
-    const auto c = http(fleet.admin(), "POST", "/admin/workers/127.0.0.1:" + std::to_string(fleet.sim(i)) + "/cordon");
-    EXPECT_EQ(c.status, 200) << c.body;
-  }
+  cordon_all_but_the_first(fleet);
   std::string first_text;
   HttpResponse first;
   const auto sent = std::chrono::steady_clock::now();
@@ -373,10 +378,7 @@ TEST(PreciseE2E, ARequestWhoseClientLeavesWhileHeldIsNeverSent) {
 TEST(PreciseE2E, AShortPrefixIsNotWorthAHoldALongOneIs) {
   PreciseFleet fleet(/*events=*/true, "vllm", {}, {"--speed", "2", "--num-gpu-blocks", "4000"});
   fleet.wait_live();
-  for (int i = 1; i < 3; ++i) {
-    const auto c = http(fleet.admin(), "POST", "/admin/workers/127.0.0.1:" + std::to_string(fleet.sim(i)) + "/cordon");
-    ASSERT_EQ(c.status, 200) << c.body;
-  }
+  cordon_all_but_the_first(fleet);
   // Streamed requests of 8 tokens of their own teach the worker's fixed part of TTFT (front end, first step).
   for (int k = 0; k < 60; ++k) {
     json::array prompt;
@@ -417,10 +419,7 @@ TEST(PreciseE2E, AShortPrefixIsNotWorthAHoldALongOneIs) {
 TEST(PreciseE2E, ARequestIsHeldOnlyWhileThePrefixsComputationWaitsToStart) {
   PreciseFleet fleet(/*events=*/true, "vllm", {}, {"--speed", "2", "--num-gpu-blocks", "4000"});
   fleet.wait_live();
-  for (int i = 1; i < 3; ++i) {
-    const auto c = http(fleet.admin(), "POST", "/admin/workers/127.0.0.1:" + std::to_string(fleet.sim(i)) + "/cordon");
-    ASSERT_EQ(c.status, 200) << c.body;
-  }
+  cordon_all_but_the_first(fleet);
   constexpr std::uint64_t kPrefix = 6144;
   std::mt19937_64 rng(13);
   auto in_flight = [&] {
