@@ -837,7 +837,7 @@ class FleetSim {
     const std::uint64_t predicted_cached = uses_match_ ? ctx.matched_tokens(wi) : 0;
     f.predicted_uncached = r.prompt_tokens - std::min<std::uint64_t>(r.prompt_tokens, predicted_cached);
     // As the daemon's Decision::queue_s: the pending prefill of the view the pick saw (the others' included).
-    f.queue_est = static_cast<double>(views_[wi].pending_prefill_tokens) / std::max(views_[wi].prefill_tokens_per_s, 1.0);
+    f.queue_est = policy::queued_prefill_seconds(views_[wi]);
     f.estimate = pick ? pick->estimate_s : 0.0;
     f.uncorrected_estimate = pick ? policy::uncorrected_ttft_estimate(*pick, views_[wi]) : 0.0;
     f.reported_estimate = pick ? policy::corrected_ttft_estimate(*pick, views_[wi]) : 0.0;

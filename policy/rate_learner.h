@@ -54,7 +54,8 @@ inline double prefill_seconds(double tokens, double cached, double prefill_token
 }
 
 // Seconds of prefill queued on worker w, its pending tokens at its rate: when a request sent there now starts its
-// own prefill (the prefix hold's question, below), and the fleet's spare prefill (kv_cost's fleet-busy price).
+// own prefill (the prefix hold's question, below), the queue_s a completed request's TTFT is learned against
+// (RateLearner::observe), and the fleet's spare prefill (kv_cost's fleet-busy price).
 inline double queued_prefill_seconds(const WorkerView& w) {
   return static_cast<double>(w.pending_prefill_tokens) / (w.prefill_tokens_per_s > 1.0 ? w.prefill_tokens_per_s : 1.0);
 }

@@ -211,7 +211,7 @@ void Router::commit(Decision& d, const RoutableRequest& request, const policy::R
   d.session_key = request.session_key;
   d.streamed = request.stream;
   d.background = request.background;
-  d.queue_s = static_cast<double>(chosen.pending_prefill_tokens) / std::max(chosen.prefill_tokens_per_s, 1.0);
+  d.queue_s = policy::queued_prefill_seconds(chosen);
   d.estimated_ttft_s = policy::uncorrected_ttft_estimate(d.pick, chosen);
   d.reported_ttft_s = policy::corrected_ttft_estimate(d.pick, chosen);
   d.decode_context_tokens = chosen.active_decode_tokens;
