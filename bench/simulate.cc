@@ -852,14 +852,14 @@ class FleetSim {
     if (r.session != 0) bind(rep, r.session, bound_to, t);
 
     // kv_cost's prefix hold, as the daemon does it (router/router.h, Router::route): in precise mode, a request
-    // without a session whose matched prefix ends in a block an earlier request is still computing on the
-    // chosen worker, and that no KV event has confirmed yet, waits for that request's first token, the block's
+    // (not a session's later turn) whose matched prefix ends in a block an earlier request is still computing on
+    // the chosen worker, and that no KV event has confirmed yet, waits for that request's first token, the block's
     // event, or --prefix-hold seconds; only where that prefix's prefill outlasts the worker's fixed part of TTFT,
     // and while the request could be admitted with the earlier one (policy::prefix_hold_pays). A request's
     // prefill starts once the prefill queued ahead of it is done, at the worker's rate.
     hashing::ComputingPrefixes::Token leader = 0;
     const std::uint32_t mb = holds_ ? ctx.matched_blocks(wi) : 0;
-    if (mb > 0 && r.session == 0 && rep.computing.holds_help(w) &&
+    if (mb > 0 && (r.session == 0 || ctx.opens_session) && rep.computing.holds_help(w) &&
         rep.index.tier(w, r.chain.hashes[mb - 1]) == hashing::Tier::kPredicted) {
       const auto computing = rep.computing.computing(w, mb - 1, r.chain.hashes[mb - 1]);
       const auto computes = computing ? rep.computing.computation(w, *computing) : std::nullopt;

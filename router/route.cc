@@ -220,8 +220,9 @@ void Router::commit(Decision& d, const RoutableRequest& request, const policy::R
   // from the routed record of whichever goes there (route(): a record of the binding alone when nothing does).
   const std::size_t bound_at = d.pick.session_worker.value_or(d.pick.worker);
   if (!session.id.empty()) bind_session(session.id, ctx.workers[bound_at].id);
-  begin_routed(d, request, ctx, bound_at == d.pick.worker ? session.hash : 0, /*may_hold=*/request.session_key.empty(),
-               request.max_tokens);
+  // A session's later turns are never held (their prefix is their own context); its first turn is, as any request.
+  begin_routed(d, request, ctx, bound_at == d.pick.worker ? session.hash : 0,
+               /*may_hold=*/request.session_key.empty() || ctx.opens_session, request.max_tokens);
   metrics_.routed(std::string(policy::reason_name(d.pick.reason)));
   if (auto s = metrics_.worker(d.worker->id())) {
     s->requests->Increment();

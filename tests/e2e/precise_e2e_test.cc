@@ -415,7 +415,8 @@ TEST(PreciseE2E, AShortPrefixIsNotWorthAHoldALongOneIs) {
 // (policy::prefix_hold_pays). Sent to an idle worker, that one starts at once, and a 6K-token prefix (one chunk) is
 // computed in its first step: a request sharing it, sent meanwhile, goes at once and is admitted after that step,
 // reading the whole prefix. Sent behind a 16K-token prompt, it waits to start, and a request sharing its prefix is
-// held (sent at once, the two would be admitted in one step and both compute the prefix).
+// held (sent at once, the two would be admitted in one step and both compute the prefix); so is a session's first
+// turn.
 TEST(PreciseE2E, ARequestIsHeldOnlyWhileThePrefixsComputationWaitsToStart) {
   PreciseFleet fleet(/*events=*/true, "vllm", {}, {"--speed", "2", "--num-gpu-blocks", "4000"});
   fleet.wait_live();
@@ -437,7 +438,8 @@ TEST(PreciseE2E, ARequestIsHeldOnlyWhileThePrefixsComputationWaitsToStart) {
                        [](const std::string&, std::chrono::steady_clock::time_point) {});
   };
   // Returns the holds and the cached tokens of the request sent while the first one computes the prefix.
-  auto run = [&](bool behind_a_long_prompt) {
+  // `session`: the second request opens a session (a "user" it names): held as any request.
+  auto run = [&](bool behind_a_long_prompt, const std::string& session = {}) {
     const json::array prefix = random_prefix(rng, kPrefix);
     const double before = metric_sum(http(fleet.admin(), "GET", "/metrics").body, "kvroute_prefix_holds_total");
     std::vector<std::thread> sent;
@@ -448,7 +450,9 @@ TEST(PreciseE2E, ARequestIsHeldOnlyWhileThePrefixsComputationWaitsToStart) {
     sent.emplace_back([&, body = hold_request(prefix, 1, true)] { EXPECT_EQ(stream(body).status, 200); });
     wait_for_in_flight(behind_a_long_prompt ? 2 : 1);
     std::this_thread::sleep_for(10ms);
-    const HttpResponse second = http(fleet.api(), "POST", "/v1/completions", hold_request(prefix, 2, false));
+    json::value second_body = json::parse(hold_request(prefix, 2, false));
+    if (!session.empty()) second_body.as_object()["user"] = session;
+    const HttpResponse second = http(fleet.api(), "POST", "/v1/completions", json::serialize(second_body));
     for (auto& t : sent) t.join();
     EXPECT_EQ(second.status, 200) << second.body << second.error;
     const auto usage = json::parse(second.body).at("usage").at("prompt_tokens_details");
@@ -461,6 +465,9 @@ TEST(PreciseE2E, ARequestIsHeldOnlyWhileThePrefixsComputationWaitsToStart) {
   const auto [holds_waiting, cached_waiting] = run(true);
   EXPECT_EQ(holds_waiting, 1.0);
   EXPECT_EQ(cached_waiting, kPrefix);
+  const auto [holds_opening, cached_opening] = run(true, "session-1");
+  EXPECT_EQ(holds_opening, 1.0);
+  EXPECT_EQ(cached_opening, kPrefix);
 }
 
 TEST(PreciseE2E, RouterIndexEqualsWhatWorkersHoldAfterEvictingBurst) {

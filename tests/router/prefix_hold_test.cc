@@ -97,13 +97,16 @@ TEST_F(PrefixHoldTest, HeldUntilTheRequestComputingItsPrefixHasItsFirstByte) {
   Decision second = route(32);
   ASSERT_NE(second.hold_leader, 0u);
   EXPECT_TRUE(router_->prefix_held(second));
-  Decision with_session = route(48, "chat-1");
-  EXPECT_EQ(with_session.hold_leader, 0u);  // a session's request is never held
+  Decision opening = route(48, "chat-1");
+  EXPECT_NE(opening.hold_leader, 0u);  // a session's first turn is held as any request
+  Decision later_turn = route(56, "chat-1");
+  EXPECT_EQ(later_turn.hold_leader, 0u);  // its later turns never are
   router_->first_byte(first);
   EXPECT_FALSE(router_->prefix_held(second));
+  EXPECT_FALSE(router_->prefix_held(opening));
   router_->prefix_hold_ended(second);
   EXPECT_EQ(second.hold_leader, 0u);
-  complete({&first, &second, &with_session});
+  complete({&first, &second, &opening, &later_turn});
 }
 
 TEST_F(PrefixHoldTest, HeldUntilTheWorkersEventStoresTheBlock) {
