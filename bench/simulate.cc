@@ -861,12 +861,11 @@ class FleetSim {
     const std::uint32_t mb = holds_ ? ctx.matched_blocks(wi) : 0;
     if (mb > 0 && (r.session == 0 || ctx.opens_session) && rep.computing.holds_help(w) &&
         rep.index.tier(w, r.chain.hashes[mb - 1]) == hashing::Tier::kPredicted) {
-      const auto computing = rep.computing.computing(w, mb - 1, r.chain.hashes[mb - 1]);
-      const auto computes = computing ? rep.computing.computation(w, *computing) : std::nullopt;
-      if (computes && policy::prefix_hold_pays(views_[wi], static_cast<double>(ctx.matched_tokens(wi)),
-                                               static_cast<double>(mb - computes->from) * ctx.tokens_per_block,
-                                               t >= computes->starts_at))
-        leader = *computing;
+      const auto computing = rep.computing.leader(w, mb - 1, r.chain.hashes[mb - 1]);
+      if (computing && policy::prefix_hold_pays(views_[wi], static_cast<double>(ctx.matched_tokens(wi)),
+                                                static_cast<double>(mb - computing->from) * ctx.tokens_per_block,
+                                                t >= computing->starts_at))
+        leader = computing->token;
     }
     if (holds_) f.computing = rep.computing.begin(w, r.chain.hashes, mb, t, t + policy::queued_prefill_seconds(views_[wi]));
 

@@ -91,23 +91,21 @@ ComputingPrefixes::Commit ComputingPrefixes::commit(WorkerId worker) const {
   return score > 0 ? Commit::kAtSchedule : score < 0 ? Commit::kAfterStep : Commit::kUnknown;
 }
 
-std::optional<ComputingPrefixes::Token> ComputingPrefixes::computing(WorkerId worker, std::size_t pos,
+std::optional<ComputingPrefixes::Computation> ComputingPrefixes::leader(WorkerId worker, std::size_t pos,
                                                                      BlockHash block) const {
   std::lock_guard lock(mu_);
   if (worker >= workers_.size()) return std::nullopt;
   for (const Entry& e : workers_[worker].entries) {
-    if (pos >= e.from && pos - e.from < e.blocks.size() && e.blocks[pos - e.from] == block) return e.token;
+    if (pos >= e.from && pos - e.from < e.blocks.size() && e.blocks[pos - e.from] == block)
+      return Computation{e.token, e.from, e.starts_at};
   }
   return std::nullopt;
 }
 
-std::optional<ComputingPrefixes::Computation> ComputingPrefixes::computation(WorkerId worker, Token token) const {
-  std::lock_guard lock(mu_);
-  if (worker >= workers_.size()) return std::nullopt;
-  for (const Entry& e : workers_[worker].entries) {
-    if (e.token == token) return Computation{e.from, e.starts_at};
-  }
-  return std::nullopt;
+std::optional<ComputingPrefixes::Token> ComputingPrefixes::computing(WorkerId worker, std::size_t pos,
+                                                                     BlockHash block) const {
+  const auto l = leader(worker, pos, block);
+  return l ? std::optional<Token>(l->token) : std::nullopt;
 }
 
 bool ComputingPrefixes::active(WorkerId worker, Token token) const {

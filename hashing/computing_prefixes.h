@@ -11,7 +11,7 @@
 //
 //   ComputingPrefixes c;
 //   auto t = c.begin(w, chain, /*from=*/matched, now);          // routed: computes chain[matched..]
-//   if (auto leader = c.computing(w, m - 1, other[m - 1])) ...   // another request's prefix of m blocks
+//   if (auto leader = c.leader(w, m - 1, other[m - 1])) ...      // another request's prefix of m blocks
 //   c.stored(w, event_blocks, now);                              // the worker's KV event
 //   c.first_token(w, t, now);                                    // its first token (c.end(w, t) if none)
 //   c.computed_elsewhere(w, last);                               // another replica's request's first token
@@ -79,15 +79,16 @@ class ComputingPrefixes {
   // Prefills of this many computed blocks teach the commit timing: 4K-8K tokens of 16-token blocks.
   static constexpr std::size_t kTeachMinBlocks = 256, kTeachMaxBlocks = 512;
   // The earliest registered request on `worker` still computing `block` as block `pos` of its chain (chained
-  // hashes: the same block at the same position is the same prefix).
-  std::optional<Token> computing(WorkerId worker, std::size_t pos, BlockHash block) const;
-  // What registered request `token` on `worker` computes: from which block of its chain, and when its prefill was
-  // expected to start (begin(); another replica's request: never known, +infinity). nullopt once it has ended.
+  // hashes: the same block at the same position is the same prefix): its token, from which block of its chain it
+  // computes, and when its prefill was expected to start (begin(); another replica's request: never known,
+  // +infinity). computing(): its token alone.
   struct Computation {
+    Token token = 0;
     std::size_t from = 0;
     double starts_at = 0;
   };
-  std::optional<Computation> computation(WorkerId worker, Token token) const;
+  std::optional<Computation> leader(WorkerId worker, std::size_t pos, BlockHash block) const;
+  std::optional<Token> computing(WorkerId worker, std::size_t pos, BlockHash block) const;
   bool active(WorkerId worker, Token token) const;
   // The worker was removed: its entries and what it taught go (its id may be another worker's next).
   void forget(WorkerId worker);

@@ -275,12 +275,11 @@ void Router::begin_routed(Decision& d, const RoutableRequest& request, const pol
       const double now = steady_seconds(d.start);
       const policy::WorkerView& view = ctx.workers[at];
       if (m > 0 && may_hold && computing_.holds_help(id)) {
-        const auto leader = computing_.computing(id, m - 1, request.chain.hashes[m - 1]);
-        const auto computes = leader ? computing_.computation(id, *leader) : std::nullopt;
-        if (computes && policy::prefix_hold_pays(view, static_cast<double>(ctx.matched_tokens(at)),
-                                                 static_cast<double>(m - computes->from) * ctx.tokens_per_block,
-                                                 now >= computes->starts_at)) {
-          d.hold_leader = *leader;
+        const auto leader = computing_.leader(id, m - 1, request.chain.hashes[m - 1]);
+        if (leader && policy::prefix_hold_pays(view, static_cast<double>(ctx.matched_tokens(at)),
+                                               static_cast<double>(m - leader->from) * ctx.tokens_per_block,
+                                               now >= leader->starts_at)) {
+          d.hold_leader = leader->token;
           d.hold_block = request.chain.hashes[m - 1];
           d.hold_until = d.start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                        std::chrono::duration<double>(config_.prefix_hold_s));

@@ -34,26 +34,28 @@ TEST(ComputingPrefixes, FindsTheEarliestRequestComputingABlockUntilItsFirstToken
   EXPECT_EQ(c.size(2), 0u);
 }
 
-// What a request computes and when its prefill was expected to start (the prefix hold asks whether a later
-// request could still be admitted with it: policy::prefix_hold_pays).
+// The request computing a block: its token, where its computation begins and when its prefill was expected to start
+// (the prefix hold asks whether a later request could still be admitted with it: policy::prefix_hold_pays).
 TEST(ComputingPrefixes, KnowsWhereARequestsComputationBeginsAndWhenItsPrefillStarts) {
   ComputingPrefixes c;
   const std::vector<BlockHash> a{31, 32, 33, 34};
   const auto queued = c.begin(0, a, 1, 2.0, 2.5);  // 0.5 s of prefill queued ahead of it when sent
   const auto idle = c.begin(1, a, 2, 3.0);         // nothing ahead: it starts when sent
-  const auto early = c.begin(2, a, 0, 4.0, 1.0);   // never before it is sent
-  ASSERT_TRUE(c.computation(0, queued));
-  EXPECT_EQ(c.computation(0, queued)->from, 1u);
-  EXPECT_EQ(c.computation(0, queued)->starts_at, 2.5);
-  EXPECT_EQ(c.computation(1, idle)->from, 2u);
-  EXPECT_EQ(c.computation(1, idle)->starts_at, 3.0);
-  EXPECT_EQ(c.computation(2, early)->starts_at, 4.0);
-  EXPECT_FALSE(c.computation(1, queued));  // another worker's
+  c.begin(2, a, 0, 4.0, 1.0);                      // never before it is sent
+  ASSERT_TRUE(c.leader(0, 3, 34));
+  EXPECT_EQ(c.leader(0, 3, 34)->token, queued);
+  EXPECT_EQ(c.leader(0, 3, 34)->from, 1u);
+  EXPECT_EQ(c.leader(0, 3, 34)->starts_at, 2.5);
+  EXPECT_EQ(c.leader(1, 3, 34)->token, idle);
+  EXPECT_EQ(c.leader(1, 3, 34)->from, 2u);
+  EXPECT_EQ(c.leader(1, 3, 34)->starts_at, 3.0);
+  EXPECT_EQ(c.leader(2, 3, 34)->starts_at, 4.0);
+  EXPECT_FALSE(c.leader(4, 3, 34));  // a worker computing nothing
   // Another replica's request: when its prefill starts is not known here.
-  const auto other = c.begin_elsewhere(3, a, 1, 5.0);
-  EXPECT_EQ(c.computation(3, other)->starts_at, std::numeric_limits<double>::infinity());
+  c.begin_elsewhere(3, a, 1, 5.0);
+  EXPECT_EQ(c.leader(3, 3, 34)->starts_at, std::numeric_limits<double>::infinity());
   c.end(0, queued);
-  EXPECT_FALSE(c.computation(0, queued));
+  EXPECT_FALSE(c.leader(0, 3, 34));
 }
 
 TEST(ComputingPrefixes, AnotherReplicasRequestComputesUntilTheWorkerStoresItsLastBlock) {
