@@ -102,12 +102,6 @@ std::optional<ComputingPrefixes::Computation> ComputingPrefixes::leader(WorkerId
   return std::nullopt;
 }
 
-std::optional<ComputingPrefixes::Token> ComputingPrefixes::computing(WorkerId worker, std::size_t pos,
-                                                                     BlockHash block) const {
-  const auto l = leader(worker, pos, block);
-  return l ? std::optional<Token>(l->token) : std::nullopt;
-}
-
 bool ComputingPrefixes::active(WorkerId worker, Token token) const {
   std::lock_guard lock(mu_);
   if (worker >= workers_.size()) return false;

@@ -81,14 +81,13 @@ class ComputingPrefixes {
   // The earliest registered request on `worker` still computing `block` as block `pos` of its chain (chained
   // hashes: the same block at the same position is the same prefix): its token, from which block of its chain it
   // computes, and when its prefill was expected to start (begin(); another replica's request: never known,
-  // +infinity). computing(): its token alone.
+  // +infinity).
   struct Computation {
     Token token = 0;
     std::size_t from = 0;
     double starts_at = 0;
   };
   std::optional<Computation> leader(WorkerId worker, std::size_t pos, BlockHash block) const;
-  std::optional<Token> computing(WorkerId worker, std::size_t pos, BlockHash block) const;
   bool active(WorkerId worker, Token token) const;
   // The worker was removed: its entries and what it taught go (its id may be another worker's next).
   void forget(WorkerId worker);
@@ -110,7 +109,7 @@ class ComputingPrefixes {
     int commits_at_schedule = 0;  // evidence: +1 stored by the first token, -1 not yet; kept in [-3, 3]
   };
   // The worker's entry for the token, removed (callers hold mu_); nullopt when there is none. Entries stay in
-  // registration order (computing() answers the earliest), so it is erased, not swapped with the last.
+  // registration order (leader() answers the earliest), so it is erased, not swapped with the last.
   std::optional<Entry> take(WorkerId worker, Token token);
 
   mutable std::mutex mu_;
